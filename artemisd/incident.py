@@ -1,0 +1,180 @@
+"""The incident: what Artemis concluded, why, what it did and what came of it.
+
+This is the output contract of the daemon and of ``artemis replay --json``
+(design.md §4).  Field names and meanings are fixed.
+
+Measures, per step, of the incident's subject against the median of its island
+peers in the windows that confirmed it:
+
+* ``ratio``      busy(subject) / median busy(peers).  1.0 = as fast as its peers;
+                 1.19 = 19 % slower.  For job-, link- and island-wide incidents
+                 (no peers to compare with) it is busy or step time against the
+                 job's own healthy baseline.
+* ``excess_ms``  busy(subject) - median busy(peers), milliseconds per step: how
+                 long every other rank waits for the subject at each step.
+* ``loss_pct``   100 * excess_ms / step_ms: the share of the whole job's
+                 throughput lost to the subject.
+* ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
+                 the configured floor the cause is reported as ``unknown``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IncidentKind(StrEnum):
+    RANK = "rank"
+    NODE = "node"
+    LINK = "link"
+    ISLAND = "island"
+    JOB = "job"  # whole-job slowdown against its own history
+    CHANGE = "change"
+
+
+class Cause(StrEnum):
+    GPU_THERMAL = "gpu.thermal"
+    GPU_POWER = "gpu.power"
+    GPU_CLOCKS = "gpu.clocks"
+    COMM_LINK = "comm.link"
+    COMM_ISLAND = "comm.island"
+    HOST_CPU = "host.cpu"
+    INPUT_LOADER = "input.loader"
+    INPUT_STORAGE = "input.storage"
+    CHANGE_DRIVER = "change.driver"
+    CHANGE_COMM_LIB = "change.comm_lib"
+    CHANGE_CONFIG = "change.config"
+    UNKNOWN = "unknown"
+
+
+class IncidentState(StrEnum):
+    """Life cycle of an incident.
+
+    Allowed transitions (``TRANSITIONS``)::
+
+        suspect   -> confirmed | dismissed
+        confirmed -> acting | escalated | resolved | unresolved
+        acting    -> verifying | escalated | unresolved
+        verifying -> resolved | unresolved
+        escalated -> acting | resolved | unresolved | dismissed
+        unresolved -> acting | escalated | resolved
+
+    ``dismissed`` and ``resolved`` are final.  A confirmed incident may resolve
+    without an action when the slowdown ends by itself (recorded as such), and
+    an unresolved one may be retried with the next action the policy allows.
+    """
+
+    SUSPECT = "suspect"
+    CONFIRMED = "confirmed"
+    ACTING = "acting"
+    VERIFYING = "verifying"
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    DISMISSED = "dismissed"
+    ESCALATED = "escalated"
+
+
+S = IncidentState
+TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
+    S.SUSPECT: frozenset({S.CONFIRMED, S.DISMISSED}),
+    S.CONFIRMED: frozenset({S.ACTING, S.ESCALATED, S.RESOLVED, S.UNRESOLVED}),
+    S.ACTING: frozenset({S.VERIFYING, S.ESCALATED, S.UNRESOLVED}),
+    S.VERIFYING: frozenset({S.RESOLVED, S.UNRESOLVED}),
+    S.ESCALATED: frozenset({S.ACTING, S.RESOLVED, S.UNRESOLVED, S.DISMISSED}),
+    S.UNRESOLVED: frozenset({S.ACTING, S.ESCALATED, S.RESOLVED}),
+    S.RESOLVED: frozenset(),
+    S.DISMISSED: frozenset(),
+}
+del S
+
+
+class IllegalTransition(RuntimeError):
+    def __init__(self, incident_id: str, current: IncidentState, wanted: IncidentState):
+        super().__init__(f"{incident_id}: cannot go from {current.value} to {wanted.value}")
+        self.current = current
+        self.wanted = wanted
+
+
+def check_transition(incident_id: str, current: IncidentState, wanted: IncidentState) -> None:
+    if wanted not in TRANSITIONS[current]:
+        raise IllegalTransition(incident_id, current, wanted)
+
+
+class Evidence(BaseModel):
+    """One measurement behind a conclusion: the subject's value against its peers'.
+
+    ``signal`` names what was measured (a wire field such as ``sm_clock_mhz`` or
+    ``ms.data``, or ``missing`` for evidence that was needed but absent).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    signal: str
+    value: Any = None
+    peers: Any = None
+    note: str = ""
+
+
+ActionKind = Literal[
+    "none", "rebalance", "correct", "drain", "requeue", "constrain", "escalate", "recommend"
+]
+ActionStatus = Literal[
+    "proposed", "pending_approval", "denied", "running", "done", "failed", "rolled_back", "skipped"
+]
+
+
+class Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ActionKind
+    target: str | None = None
+    status: ActionStatus = "proposed"
+    reversible: bool = False
+
+
+class Result(BaseModel):
+    """Useful throughput (samples/s of the whole job) before and after the action."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    throughput_before: float | None = None
+    throughput_after: float | None = None
+    recovered: bool | None = None
+
+
+class Incident(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    id: str
+    job: str
+    kind: IncidentKind
+    state: IncidentState = IncidentState.SUSPECT
+    rank: int | None = None
+    node: str | None = None
+    island: str | None = None
+    link: str | None = None
+    onset_window: int | None = None
+    flagged_window: int | None = None
+    confirmed_window: int | None = None
+    ratio: float | None = None
+    excess_ms: float | None = None
+    loss_pct: float | None = None
+    cause: Cause = Cause.UNKNOWN
+    confidence: float = Field(default=0.0, ge=0.0, le=1.0)
+    evidence: list[Evidence] = Field(default_factory=list)
+    action: Action | None = None
+    result: Result | None = None
+
+    def advance(self, wanted: IncidentState) -> None:
+        """Move along the life cycle; an illegal transition raises IllegalTransition."""
+        check_transition(self.id, self.state, wanted)
+        self.state = wanted
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    def contract_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

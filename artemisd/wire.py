@@ -1,0 +1,374 @@
+"""Wire format v1: the window report and the node event (design.md §3).
+
+One JSON object per rank per window (``type: "window"``) or per node event
+(``type: "node"``).  A trace file is JSON Lines of both, in arrival order.
+
+Rules the models enforce, because tools outside this repository rely on them:
+
+* Times in ``ms`` are per-step means over the window, in milliseconds;
+  ``ms_p50`` holds per-step medians when the probe measured them.
+* ``busy`` = ``step`` - ``comm_wait``: the time a rank spends *not* waiting for
+  its peers.  When a report omits ``busy`` but has ``step`` and ``comm_wait``,
+  it is derived; when it has neither ``busy`` nor ``comm_wait`` the report is
+  rejected, because a rank's own work cannot be told from its waiting.
+* Unknown fields are ignored.  A missing optional field means "not measured",
+  never zero: it stays ``None``.
+* ``gpu.throttle`` uses one vocabulary for every vendor (``THROTTLE_REASONS``);
+  ``[]`` means "measured, none active".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+WIRE_VERSION = 1
+
+THROTTLE_REASONS = (
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal",
+    "sw_thermal",
+    "hw_power_brake",
+    "sync_boost",
+    "applications_clocks",
+    "idle",
+)
+ThrottleReason = Literal[
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal",
+    "sw_thermal",
+    "hw_power_brake",
+    "sync_boost",
+    "applications_clocks",
+    "idle",
+]
+
+NonNegative = Annotated[float, Field(ge=0)]
+# Tolerance when a report carries busy *and* comm_wait: probes round each field
+# independently, so busy + comm_wait may differ from step by a little.
+_BUSY_SLACK_MS = 0.5
+_BUSY_SLACK_REL = 0.01
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored (wire contract); models are immutable values.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Device(_Model):
+    vendor: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    index: int | None = Field(default=None, ge=0)
+    uuid: str | None = None
+
+
+class WindowSpan(_Model):
+    """Window ``seq`` covers steps ``[first_step, first_step + steps)``; wall clock t0..t1 (s)."""
+
+    seq: int = Field(ge=0)
+    first_step: int = Field(ge=0)
+    steps: int = Field(gt=0)
+    t0: float
+    t1: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WindowSpan:
+        if self.t1 < self.t0:
+            raise ValueError(f"t1 ({self.t1}) is before t0 ({self.t0})")
+        return self
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+
+class StepTimes(_Model):
+    """Per-step mean times over the window, milliseconds."""
+
+    step: NonNegative
+    busy: NonNegative | None = None
+    compute: NonNegative | None = None
+    data: NonNegative | None = None
+    comm_wait: NonNegative | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_busy(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("busy") is None:
+            step, wait = raw.get("step"), raw.get("comm_wait")
+            if isinstance(step, int | float) and isinstance(wait, int | float):
+                return {**raw, "busy": max(0.0, float(step) - float(wait))}
+        return raw
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StepTimes:
+        if self.busy is None:
+            raise ValueError("needs busy or comm_wait: a rank's own work cannot be told from its waiting")
+        if self.busy > self.step + _BUSY_SLACK_MS:
+            raise ValueError(f"busy ({self.busy}) exceeds step ({self.step})")
+        if self.comm_wait is not None:
+            gap = abs(self.step - self.comm_wait - self.busy)
+            if gap > max(_BUSY_SLACK_MS, _BUSY_SLACK_REL * self.step):
+                raise ValueError(
+                    f"busy ({self.busy}) must equal step - comm_wait "
+                    f"({self.step} - {self.comm_wait})"
+                )
+        return self
+
+
+class Collective(_Model):
+    op: str = Field(min_length=1)
+    group: str = "world"
+    calls: int = Field(ge=0)
+    bytes: NonNegative | None = None
+    ms: NonNegative  # total over the window, not per step
+
+
+class GpuTelemetry(_Model):
+    sm_clock_mhz: NonNegative | None = None
+    max_sm_clock_mhz: NonNegative | None = None
+    power_w: NonNegative | None = None
+    power_limit_w: NonNegative | None = None
+    default_power_limit_w: NonNegative | None = None
+    temp_c: float | None = None
+    util_pct: Annotated[float, Field(ge=0, le=100)] | None = None
+    throttle: tuple[ThrottleReason, ...] | None = None
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    pcie_replay: int | None = Field(default=None, ge=0)
+
+
+class HostTelemetry(_Model):
+    cpu_pct: NonNegative | None = None
+    steal_pct: NonNegative | None = None
+    iowait_pct: NonNegative | None = None
+    ctx_invol_per_s: NonNegative | None = None
+    net_retransmits_per_s: NonNegative | None = None
+
+
+class EnvFingerprint(_Model):
+    driver: str | None = None
+    comm_lib: str | None = None
+    torch: str | None = None
+    config: str | None = None
+
+
+class P2PTiming(_Model):
+    """One point-to-point transfer of the probe's ring: this rank -> ``peer``."""
+
+    peer: int = Field(ge=0)
+    ms: NonNegative
+    node: str | None = None
+
+
+class ProbeResult(_Model):
+    """Matched micro-benchmark run on a directive (an optional extension of v1).
+
+    Identical work on every rank: ``gemm_ms`` a fixed-size matrix multiply on the
+    rank's device, ``allreduce_ms`` a fixed-size all-reduce within the island,
+    ``p2p`` the rank's sends in a ring.  ``id`` echoes the directive.
+    """
+
+    id: str
+    gemm_ms: NonNegative | None = None
+    gemm_tflops: NonNegative | None = None
+    allreduce_ms: NonNegative | None = None
+    p2p: tuple[P2PTiming, ...] = ()
+    cost_ms: NonNegative | None = None
+
+
+class WindowReport(_Model):
+    type: Literal["window"]
+    v: Literal[1]
+    job: str = Field(min_length=1)
+    step: str = "0"
+    rank: int = Field(ge=0)
+    world: int = Field(gt=0)
+    node: str = Field(min_length=1)
+    device: Device | None = None
+    island: str | None = None
+    window: WindowSpan
+    ms: StepTimes
+    ms_p50: dict[str, NonNegative] | None = None
+    samples: NonNegative | None = None
+    collectives: tuple[Collective, ...] | None = None
+    gpu: GpuTelemetry | None = None
+    host: HostTelemetry | None = None
+    env: EnvFingerprint | None = None
+    probe: ProbeResult | None = None
+    dropped_reports: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _coerce_ids(cls, raw: Any) -> Any:
+        # Slurm ids are strings in the contract; accept numbers for robustness.
+        if isinstance(raw, dict):
+            fixed = dict(raw)
+            for key in ("job", "step"):
+                if isinstance(fixed.get(key), int) and not isinstance(fixed.get(key), bool):
+                    fixed[key] = str(fixed[key])
+            return fixed
+        return raw
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> WindowReport:
+        if self.rank >= self.world:
+            raise ValueError(f"rank {self.rank} is not below world {self.world}")
+        return self
+
+    @property
+    def island_key(self) -> str:
+        """Ranks are compared only within one island (same vendor and model)."""
+        if self.island:
+            return self.island
+        if self.device is not None:
+            return f"{self.device.vendor}:{self.device.model}"
+        return "default"
+
+    @property
+    def job_key(self) -> tuple[str, str]:
+        return (self.job, self.step)
+
+
+class NodeGpu(_Model):
+    index: int = Field(ge=0)
+    vendor: str | None = None
+    model: str | None = None
+    uuid: str | None = None
+    sm_clock_mhz: NonNegative | None = None
+    max_sm_clock_mhz: NonNegative | None = None
+    power_limit_w: NonNegative | None = None
+    default_power_limit_w: NonNegative | None = None
+    temp_c: float | None = None
+    throttle: tuple[ThrottleReason, ...] | None = None
+
+
+class NodeFingerprint(_Model):
+    driver: str | None = None
+    comm_lib: str | None = None
+    kernel: str | None = None
+    firmware: str | None = None
+
+
+class NodeProbe(_Model):
+    gemm_tflops: tuple[NonNegative, ...] = ()
+    membw_gbs: tuple[NonNegative, ...] = ()
+
+
+class NodeEvent(_Model):
+    type: Literal["node"]
+    v: Literal[1]
+    event: Literal["job_start", "job_end", "health", "probe"]
+    job: str | None = None
+    node: str = Field(min_length=1)
+    time: float
+    fingerprint: NodeFingerprint | None = None
+    gpus: tuple[NodeGpu, ...] | None = None
+    probe: NodeProbe | None = None
+    host: HostTelemetry | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _coerce_job(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and isinstance(raw.get("job"), int) and not isinstance(raw.get("job"), bool):
+            return {**raw, "job": str(raw["job"])}
+        return raw
+
+
+Record = Annotated[Union[WindowReport, NodeEvent], Field(discriminator="type")]
+_RECORD = TypeAdapter(Record)
+
+
+class ReportError(ValueError):
+    """A record that does not follow the wire contract.
+
+    ``problems`` lists ``(field path, reason)`` pairs; ``where`` names the
+    source (``file:line`` or an item index) when known.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]], where: str | None = None):
+        self.problems = problems
+        self.where = where
+        text = "; ".join(f"{path or '<record>'}: {reason}" for path, reason in problems)
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    # Drop the discriminator tag pydantic inserts ("window"/"node") so paths
+    # read like the JSON the user wrote: ms.busy, window.seq, gpu.throttle.1
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("window", "node") and len(parts) > 1:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def parse_record(obj: Any, where: str | None = None) -> WindowReport | NodeEvent:
+    """Validate one decoded JSON value; raise ReportError naming field and reason."""
+    if not isinstance(obj, dict):
+        raise ReportError([("", f"expected a JSON object, got {type(obj).__name__}")], where)
+    if obj.get("v") not in (None, WIRE_VERSION) and obj.get("type") in ("window", "node"):
+        raise ReportError([("v", f"unsupported wire version {obj.get('v')!r} (this reader knows {WIRE_VERSION})")], where)
+    try:
+        return _RECORD.validate_python(obj)
+    except ValidationError as err:
+        problems = [(_path(e["loc"]), e["msg"]) for e in err.errors(include_url=False)]
+        raise ReportError(problems, where) from None
+
+
+def parse_line(line: str, where: str | None = None) -> WindowReport | NodeEvent:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ReportError([("", f"not JSON: {err.msg} at column {err.colno}")], where) from None
+    return parse_record(obj, where)
+
+
+@dataclass
+class TraceReader:
+    """Reads a JSON Lines trace; a bad line is reported as file:line and skipped.
+
+    Iterate for the valid records in arrival order; afterwards ``errors`` holds
+    every rejected line's ReportError and ``rejected`` their count.
+    """
+
+    path: Path
+    errors: list[ReportError]
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.errors = []
+
+    @property
+    def rejected(self) -> int:
+        return len(self.errors)
+
+    def __iter__(self) -> Iterator[WindowReport | NodeEvent]:
+        with self.path.open("r", encoding="utf-8", errors="replace") as handle:
+            yield from self._records(handle)
+
+    def _records(self, lines: Iterable[str]) -> Iterator[WindowReport | NodeEvent]:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield parse_line(line, f"{self.path}:{number}")
+            except ReportError as err:
+                self.errors.append(err)
+
+
+def dump_record(record: WindowReport | NodeEvent) -> str:
+    """One JSON line, omitting fields that were not measured."""
+    return record.model_dump_json(exclude_none=True)
