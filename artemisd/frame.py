@@ -73,6 +73,7 @@ class WindowFrame:
     data: np.ndarray
     samples: np.ndarray
     seconds: np.ndarray
+    steps: np.ndarray
     first_step: np.ndarray
     island: np.ndarray
     island_names: list[str | None]
@@ -81,6 +82,8 @@ class WindowFrame:
     throttle: np.ndarray
     telemetry: dict[str, np.ndarray] = field(default_factory=dict)
     env: dict[str, tuple[np.ndarray, list[str | None]]] = field(default_factory=dict)
+    # Median over ranks of each process group's collective time, ms per step.
+    collectives: dict[str, float] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -112,6 +115,11 @@ class WindowFrame:
             attr: _codes([getattr(r.env, attr) if r.env is not None else None for r in reports])
             for attr in ("driver", "comm_lib", "torch", "config")
         }
+        per_group: dict[str, list[float]] = {}
+        for r in reports:
+            for c in r.collectives or ():
+                per_group.setdefault(c.group, []).append(c.ms / r.window.steps)
+        collectives = {group: float(np.median(v)) for group, v in per_group.items()}
         return cls(
             job=first.job,
             job_step=first.step,
@@ -125,6 +133,7 @@ class WindowFrame:
             data=np.array([_num(r.ms.data) for r in reports], dtype=np.float64),
             samples=np.array([_num(r.samples) for r in reports], dtype=np.float64),
             seconds=np.array([r.window.seconds for r in reports], dtype=np.float64),
+            steps=np.array([r.window.steps for r in reports], dtype=np.int64),
             first_step=np.array([r.window.first_step for r in reports], dtype=np.int64),
             island=island,
             island_names=island_names,
@@ -133,4 +142,5 @@ class WindowFrame:
             throttle=throttle,
             telemetry=telemetry,
             env=env,
+            collectives=collectives,
         )

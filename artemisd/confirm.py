@@ -1,0 +1,151 @@
+"""Confirm: a flag becomes an incident only if it persists under matched conditions.
+
+*Passive* confirmation (always on, the only kind in replay): the same subject
+must be flagged in at least ``ConfirmWindows`` of the last ``ConfirmWindows + 1``
+windows, all under the same *conditions* — the job's workload signature
+(world size, island make-up, steps per window) and the subject's island.  A
+change of conditions restarts the count: a window measured under other
+conditions proves nothing about this one.  One-off spikes and GC pauses are
+flagged once at most and so are dismissed; an intermittent fault that is
+flagged in most windows still confirms.
+
+*Active* confirmation (the daemon's seam): while a subject is suspect, the
+pipeline can ask the job's probes to run identical work on every rank (a
+fixed GEMM, a fixed island all-reduce, a point-to-point ring).
+``judge_probe`` reads those results: slow on identical GEMM work → the device;
+slow transfers on the links touching one node → that link; normal on identical
+work yet slow in training → host or input.  The verdict is evidence for
+localisation and the root-independent corroboration the daemon needs before a
+hard action; persistence still decides confirmation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from artemisd.incident import Evidence
+from artemisd.wire import ProbeResult
+
+
+@dataclass
+class Streak:
+    """Recent flagged windows of one subject under one set of conditions."""
+
+    conditions: Hashable
+    first_seq: int
+    flagged: list[int] = field(default_factory=list)
+
+    @property
+    def last_seq(self) -> int:
+        return self.flagged[-1]
+
+
+class Verdict(StrEnum):
+    PENDING = "pending"  # flagged, not yet persistent
+    CONFIRMED = "confirmed"
+    DISMISSED = "dismissed"  # stopped being flagged before it persisted
+
+
+class Persistence:
+    """Tracks flags per subject and says when one is confirmed or dismissed.
+
+    ``observe`` is called for subjects flagged in a window; ``close_window``
+    for every window, to dismiss subjects whose flags stopped.
+    """
+
+    def __init__(self, confirm_windows: int):
+        self.need = confirm_windows
+        self.streaks: dict[Hashable, Streak] = {}
+
+    def observe(self, subject: Hashable, seq: int, conditions: Hashable) -> tuple[Verdict, Streak]:
+        streak = self.streaks.get(subject)
+        if streak is None or streak.conditions != conditions or seq - streak.last_seq > self.need:
+            streak = self.streaks[subject] = Streak(conditions, seq)
+        if not streak.flagged or streak.flagged[-1] != seq:
+            streak.flagged.append(seq)
+        recent = [s for s in streak.flagged if s > seq - (self.need + 1)]
+        streak.flagged = recent
+        if len(recent) >= self.need:
+            return Verdict.CONFIRMED, streak
+        return Verdict.PENDING, streak
+
+    def close_window(self, seq: int) -> list[Hashable]:
+        """Forget subjects that can no longer reach confirmation; return them (dismissed)."""
+        gone = [s for s, st in self.streaks.items() if seq - st.last_seq >= self.need]
+        for subject in gone:
+            del self.streaks[subject]
+        return gone
+
+    def forget(self, subject: Hashable) -> None:
+        self.streaks.pop(subject, None)
+
+
+class ProbeVerdict(StrEnum):
+    DEVICE = "device"  # slow on identical compute
+    LINK = "link"  # transfers touching one node slow
+    NORMAL = "normal"  # identical work runs at peer speed: host or input
+    INCOMPLETE = "incomplete"
+
+
+@dataclass(frozen=True)
+class ProbeJudgement:
+    verdict: ProbeVerdict
+    evidence: tuple[Evidence, ...]
+    node: str | None = None
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+def judge_probe(
+    results: Mapping[int, ProbeResult],
+    suspects: set[int],
+    node_of: Mapping[int, str],
+    slowdown: float,
+) -> ProbeJudgement:
+    """Judge a matched probe's results for the suspect ranks (see module docstring)."""
+    peers = [r for r in results if r not in suspects]
+    subject = [r for r in results if r in suspects]
+    if not subject or not peers:
+        return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(
+            signal="missing", value="probe results",
+            note="the matched probe did not return results for the suspect and its peers"),))
+    evidence: list[Evidence] = []
+    gemm_subject = _median([results[r].gemm_ms for r in subject if results[r].gemm_ms is not None])
+    gemm_peers = _median([results[r].gemm_ms for r in peers if results[r].gemm_ms is not None])
+    if np.isfinite(gemm_subject) and np.isfinite(gemm_peers) and gemm_peers > 0:
+        slow_gemm = gemm_subject / gemm_peers >= 1.0 + slowdown
+        evidence.append(Evidence(
+            signal="probe.gemm_ms", value=round(gemm_subject, 3), peers=round(gemm_peers, 3),
+            note=("identical GEMM is slower on the suspect: the device" if slow_gemm
+                  else "identical GEMM runs at peer speed"),
+        ))
+        if slow_gemm:
+            return ProbeJudgement(ProbeVerdict.DEVICE, tuple(evidence))
+    # Ring transfers: attribute each timed send to both ends' nodes; a node whose
+    # transfers are all slow is the common end of the slow links.
+    per_node: dict[str, list[float]] = {}
+    for rank, result in results.items():
+        for hop in result.p2p:
+            for node in {node_of.get(rank), hop.node or node_of.get(hop.peer)}:
+                if node is not None:
+                    per_node.setdefault(node, []).append(hop.ms)
+    if len(per_node) >= 3:
+        medians = {n: _median(v) for n, v in per_node.items()}
+        overall = _median(list(medians.values()))
+        worst = max(medians, key=medians.get)
+        others = _median([v for n, v in medians.items() if n != worst])
+        if overall > 0 and medians[worst] / max(others, 1e-9) >= 1.0 + 2 * slowdown:
+            evidence.append(Evidence(
+                signal="probe.p2p_ms", value=round(medians[worst], 3), peers=round(others, 3),
+                note=f"ring transfers touching {worst} are slow: its link"))
+            return ProbeJudgement(ProbeVerdict.LINK, tuple(evidence), node=worst)
+    if evidence:
+        return ProbeJudgement(ProbeVerdict.NORMAL, tuple(evidence))
+    return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(
+        signal="missing", value="probe timings", note="probe results carried no GEMM or ring timings"),))

@@ -1,0 +1,166 @@
+"""Detect: which ranks, or which jobs as a whole, are slow in one window.
+
+Two questions, both asked of ``busy`` (step − comm_wait), never of step time:
+in lockstep every rank's step takes as long as the slowest one's, and a rank
+that only waits shows *more* comm_wait, not more busy.  So a healthy rank that
+waits for a straggler can never be flagged here, by construction.
+
+1. **Rank vs island peers.**  Robust statistics per island (ranks of one device
+   vendor and model): the median busy, and sigma = 1.4826 × MAD (a standard
+   deviation that a few stragglers cannot inflate).  A rank is flagged when
+
+       ratio  = busy / median           >= 1 + MinSlowdown   and
+       z      = (busy − median) / sigma >= RobustZ
+
+   where ``ratio`` is first divided by the rank's own usual ratio (its healthy
+   history), so a GPU that has always been 2-3 % slower is judged against
+   itself, not flagged forever.  sigma has a floor of 0.5 % of the median, so
+   an island of identical simulated ranks does not make every 0.1 % wobble an
+   outlier.
+
+2. **Job vs its own history.**  A degraded link or a slow island slows every
+   rank together: there is no straggler to compare with peers.  The job's
+   median step time is compared with its healthy baseline; the rise is split
+   into busy (compute/input) and comm_wait (communication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from artemisd.baseline import JobHistory, JobSummary
+from artemisd.config import AnalysisSettings
+from artemisd.frame import WindowFrame
+
+MAD_TO_SIGMA = 1.4826
+SIGMA_FLOOR = 0.005  # relative to the island median
+MIN_BASELINE_WINDOWS = 3
+
+
+@dataclass
+class RankFlags:
+    """Per-row results of the peer test (arrays aligned with the frame's rows)."""
+
+    island_median: np.ndarray
+    sigma: np.ndarray
+    ratio: np.ndarray  # busy / island median (raw, as the incident contract defines it)
+    judged_ratio: np.ndarray  # ratio discounted by the rank's usual ratio
+    z: np.ndarray
+    flagged: np.ndarray  # bool
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.flatnonzero(self.flagged)
+
+
+def island_statistics(frame: WindowFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Median busy and robust sigma of each row's island, broadcast to rows."""
+    median = np.empty(frame.size)
+    sigma = np.empty(frame.size)
+    if len(frame.island_names) == 1:
+        groups = [np.arange(frame.size)]
+    else:
+        order = np.argsort(frame.island, kind="stable")
+        bounds = np.flatnonzero(np.diff(frame.island[order])) + 1
+        groups = np.split(order, bounds)
+    for rows in groups:
+        busy = frame.busy[rows]
+        m = float(np.median(busy))
+        mad = float(np.median(np.abs(busy - m)))
+        median[rows] = m
+        sigma[rows] = max(MAD_TO_SIGMA * mad, SIGMA_FLOOR * m, 1e-9)
+    return median, sigma
+
+
+def detect_ranks(
+    frame: WindowFrame, settings: AnalysisSettings, usual_ratio: np.ndarray | None = None
+) -> RankFlags:
+    """Flag ranks whose busy time stands out from their island peers.
+
+    ``usual_ratio`` (per row, NaN = unknown) is the rank's healthy-history ratio;
+    only a usual slowness within MinSlowdown is discounted, so a straggler that
+    was already slow when history began cannot excuse itself.
+    """
+    median, sigma = island_statistics(frame)
+    ratio = frame.busy / np.maximum(median, 1e-9)
+    judged = ratio
+    if usual_ratio is not None:
+        usual = np.clip(np.nan_to_num(usual_ratio, nan=1.0), 1.0, 1.0 + settings.min_slowdown)
+        judged = ratio / usual
+    z = (frame.busy - median) / sigma
+    flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
+    # An island of one or two ranks has no peers to speak of: nothing to judge.
+    counts = np.bincount(frame.island, minlength=len(frame.island_names))
+    flagged &= counts[frame.island] >= 3
+    return RankFlags(median, sigma, ratio, judged, z, flagged)
+
+
+def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -> JobSummary:
+    """Reduce a window to job-wide medians and the job's useful throughput."""
+
+    def med(values: np.ndarray) -> float:
+        finite = values[np.isfinite(values)]
+        return float(np.median(finite)) if finite.size else float("nan")
+
+    samples = frame.samples[np.isfinite(frame.samples)]
+    seconds = med(frame.seconds)
+    throughput = float(samples.sum() / seconds) if samples.size and seconds > 0 else float("nan")
+    return JobSummary(
+        seq=frame.seq,
+        step=med(frame.step),
+        busy=med(frame.busy),
+        comm_wait=med(frame.comm_wait),
+        data=med(frame.data),
+        throughput=throughput,
+        collectives=dict(collectives or {}),
+    )
+
+
+@dataclass(frozen=True)
+class JobFlag:
+    """A job-wide slowdown in one window, against the job's healthy baseline.
+
+    ``step_ratio`` = median step / baseline median step.  ``busy_rise_ms`` and
+    ``comm_rise_ms`` split the rise (ms per step) into the ranks' own work and
+    waiting at collectives; ``data_rise_ms`` is the input-pipeline part of busy.
+    """
+
+    seq: int
+    step_ratio: float
+    step_ms: float
+    baseline_step_ms: float
+    busy_rise_ms: float
+    comm_rise_ms: float
+    data_rise_ms: float
+
+    @property
+    def comm_bound(self) -> bool:
+        return self.comm_rise_ms >= self.busy_rise_ms
+
+
+def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSettings) -> JobFlag | None:
+    if not history.ready(MIN_BASELINE_WINDOWS):
+        return None
+    base_step = history.median("step")
+    if not base_step > 0:
+        return None
+    step_ratio = summary.step / base_step
+    if step_ratio < 1.0 + settings.job_slowdown:
+        return None
+
+    def rise(attr: str) -> float:
+        base = history.median(attr)
+        now = getattr(summary, attr)
+        return float(now - base) if np.isfinite(base) and np.isfinite(now) else 0.0
+
+    return JobFlag(
+        seq=summary.seq,
+        step_ratio=step_ratio,
+        step_ms=summary.step,
+        baseline_step_ms=base_step,
+        busy_rise_ms=rise("busy"),
+        comm_rise_ms=rise("comm_wait"),
+        data_rise_ms=rise("data"),
+    )

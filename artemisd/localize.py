@@ -1,0 +1,358 @@
+"""Localize: from evidence to a cause, with the measurements behind it.
+
+Each ``diagnose_*`` function weighs what the window reports (and, when the
+daemon ran one, the matched probe) say about a confirmed slowdown and returns
+a ``Diagnosis``: one cause of the taxonomy (design.md §4), a confidence, and
+the evidence list (signal, subject's value, peers' value).  Below the
+configured ``ConfidenceFloor`` the cause is ``unknown`` and the evidence says
+what was missing — an honest "not enough to call it" beats a guess that sends
+an admin to the wrong rack.
+
+Rules, strongest first (confidence in brackets):
+
+* input — the rank's data-loader wait explains at least half its excess busy
+  time: ``input.storage`` if its node's iowait is raised, else
+  ``input.loader`` [0.6–0.9].
+* GPU — the device reports a throttle reason its peers do not:
+  thermal reasons → ``gpu.thermal`` [0.9], power-cap/brake → ``gpu.power``
+  [0.9], locked application clocks → ``gpu.clocks`` [0.85]; an enforced power
+  limit below the default → ``gpu.power`` [0.85]; SM clock well below peers'
+  with no reason given → ``gpu.clocks`` [0.8].
+* host — CPU steal, involuntary context switches or process CPU share clearly
+  off the peers' → ``host.cpu`` [0.7–0.78].
+* matched probe — identical GEMM slow → GPU class; identical work at peer
+  speed → host/input class (raises or lowers the above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from artemisd.baseline import JobHistory, JobSummary, WorkloadReference
+from artemisd.confirm import ProbeJudgement, ProbeVerdict
+from artemisd.detect import JobFlag
+from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
+from artemisd.incident import Cause, Evidence
+
+THERMAL_BITS = THROTTLE_BIT["sw_thermal"] | THROTTLE_BIT["hw_thermal"]
+POWER_BITS = THROTTLE_BIT["sw_power_cap"] | THROTTLE_BIT["hw_power_brake"]
+APP_CLOCK_BITS = THROTTLE_BIT["applications_clocks"]
+SLOWDOWN_BIT = THROTTLE_BIT["hw_slowdown"]
+
+CLOCK_DROP = 0.92  # SM clock below 92 % of peers' is a clock that stopped boosting
+POWER_LIMIT_DROP = 0.97
+HOT_DELTA_C = 10.0
+IOWAIT_DELTA_PCT = 5.0
+STEAL_DELTA_PCT = 5.0
+CTX_FACTOR = 3.0
+CPU_SHARE_DELTA = 0.25
+RETRANSMIT_FACTOR = 5.0
+RETRANSMIT_MIN_PER_S = 5.0
+GROUP_RISE = 1.2  # a process group's collective time up 20 % on its baseline
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: Cause
+    confidence: float
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass(frozen=True)
+class JobDiagnosis:
+    """A job-wide slowdown: which kind of incident, and where, if anywhere."""
+
+    kind: str  # "job" | "link" | "island"
+    diagnosis: Diagnosis
+    node: str | None = None
+    island: str | None = None
+    link: str | None = None
+
+
+def _median(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else float("nan")
+
+
+def _r(value: float, digits: int = 2) -> float | None:
+    return round(float(value), digits) if np.isfinite(value) else None
+
+
+def _pick(candidates: list[tuple[Cause, float, list[Evidence]]], missing: list[str], floor: float,
+          base: Iterable[Evidence] = ()) -> Diagnosis:
+    evidence = list(base)
+    if candidates:
+        cause, confidence, found = max(candidates, key=lambda c: c[1])
+        evidence.extend(found)
+        if confidence >= floor:
+            return Diagnosis(cause, round(confidence, 2), tuple(evidence))
+    else:
+        confidence = 0.0
+    for what in missing:
+        evidence.append(Evidence(signal="missing", value=what, note="needed to name a cause"))
+    if not missing and not candidates:
+        evidence.append(Evidence(signal="missing", value="a deviating signal",
+                                 note="no measured signal differs from the peers'"))
+    return Diagnosis(Cause.UNKNOWN, round(confidence, 2), tuple(evidence))
+
+
+def _throttle_mask(frame: WindowFrame, rows: np.ndarray) -> tuple[int, bool]:
+    masks = frame.throttle[rows]
+    measured = masks[masks != THROTTLE_UNMEASURED]
+    if measured.size == 0:
+        return 0, False
+    combined = 0
+    for m in measured:
+        combined |= int(m)
+    return combined, True
+
+
+def _peer_throttle_share(frame: WindowFrame, rows: np.ndarray, bits: int) -> float:
+    masks = frame.throttle[rows]
+    measured = masks[masks != THROTTLE_UNMEASURED]
+    if measured.size == 0:
+        return 0.0
+    return float(np.mean((measured & bits) != 0))
+
+
+def _gpu_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[list, bool]:
+    tel = frame.telemetry
+    found: list[tuple[Cause, float, list[Evidence]]] = []
+    mask, measured = _throttle_mask(frame, rows)
+    names = [name for name, bit in THROTTLE_BIT.items() if mask & bit]
+    clock = _median(tel["sm_clock_mhz"][rows])
+    peer_clock = _median(tel["sm_clock_mhz"][peers])
+    max_clock = _median(tel["max_sm_clock_mhz"][rows])
+    temp, peer_temp = _median(tel["temp_c"][rows]), _median(tel["temp_c"][peers])
+    clock_ev = Evidence(signal="sm_clock_mhz", value=_r(clock, 0), peers=_r(peer_clock, 0),
+                        note=f"max {_r(max_clock, 0)} MHz" if np.isfinite(max_clock) else "")
+    throttle_ev = Evidence(signal="throttle", value=names, peers=[], note="clock-event reasons active")
+    measured = measured or np.isfinite(clock) or np.isfinite(temp)
+
+    for bits, cause, conf in ((THERMAL_BITS, Cause.GPU_THERMAL, 0.9), (POWER_BITS, Cause.GPU_POWER, 0.9),
+                              (APP_CLOCK_BITS, Cause.GPU_CLOCKS, 0.85)):
+        if mask & bits and _peer_throttle_share(frame, peers, bits) < 0.5:
+            ev = [throttle_ev, clock_ev]
+            if cause is Cause.GPU_THERMAL and np.isfinite(temp):
+                ev.append(Evidence(signal="temp_c", value=_r(temp, 0), peers=_r(peer_temp, 0)))
+            found.append((cause, conf, ev))
+    if mask & SLOWDOWN_BIT and _peer_throttle_share(frame, peers, SLOWDOWN_BIT) < 0.5:
+        hot = np.isfinite(temp) and np.isfinite(peer_temp) and temp - peer_temp >= HOT_DELTA_C
+        found.append((Cause.GPU_THERMAL if hot else Cause.GPU_POWER, 0.7,
+                      [throttle_ev, Evidence(signal="temp_c", value=_r(temp, 0), peers=_r(peer_temp, 0))]))
+
+    limit, default = _median(tel["power_limit_w"][rows]), _median(tel["default_power_limit_w"][rows])
+    peer_limit = _median(tel["power_limit_w"][peers])
+    if np.isfinite(limit) and np.isfinite(default) and limit < POWER_LIMIT_DROP * default:
+        if not np.isfinite(peer_limit) or limit < POWER_LIMIT_DROP * peer_limit:
+            found.append((Cause.GPU_POWER, 0.85, [Evidence(
+                signal="power_limit_w", value=_r(limit, 0), peers=_r(peer_limit, 0),
+                note=f"enforced limit below the default {_r(default, 0)} W")]))
+
+    if np.isfinite(clock) and np.isfinite(peer_clock) and clock < CLOCK_DROP * peer_clock:
+        hot = np.isfinite(temp) and np.isfinite(peer_temp) and temp - peer_temp >= HOT_DELTA_C
+        if hot:
+            found.append((Cause.GPU_THERMAL, 0.75, [clock_ev, Evidence(
+                signal="temp_c", value=_r(temp, 0), peers=_r(peer_temp, 0), note="hotter than peers")]))
+        else:
+            found.append((Cause.GPU_CLOCKS, 0.8, [Evidence(
+                signal="sm_clock_mhz", value=_r(clock, 0), peers=_r(peer_clock, 0),
+                note="SM clock well below peers' with no throttle reason: clocks not boosting")]))
+    return found, bool(measured)
+
+
+def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[list, bool]:
+    tel = frame.telemetry
+    found: list[tuple[Cause, float, list[Evidence]]] = []
+    measured = False
+    steal, peer_steal = _median(tel["steal_pct"][rows]), _median(tel["steal_pct"][peers])
+    ctx, peer_ctx = _median(tel["ctx_invol_per_s"][rows]), _median(tel["ctx_invol_per_s"][peers])
+    cpu, peer_cpu = _median(tel["cpu_pct"][rows]), _median(tel["cpu_pct"][peers])
+    evidence: list[Evidence] = []
+    score = 0.0
+    if np.isfinite(steal) and np.isfinite(peer_steal):
+        measured = True
+        if steal - peer_steal >= STEAL_DELTA_PCT:
+            score = max(score, 0.78)
+            evidence.append(Evidence(signal="steal_pct", value=_r(steal, 1), peers=_r(peer_steal, 1)))
+    if np.isfinite(ctx) and np.isfinite(peer_ctx):
+        measured = True
+        if ctx >= CTX_FACTOR * peer_ctx + 10.0:
+            score = max(score, 0.75)
+            evidence.append(Evidence(signal="ctx_invol_per_s", value=_r(ctx, 1), peers=_r(peer_ctx, 1),
+                                     note="involuntary context switches: CPU contention"))
+    if np.isfinite(cpu) and np.isfinite(peer_cpu) and peer_cpu > 0:
+        measured = True
+        if abs(cpu - peer_cpu) / peer_cpu >= CPU_SHARE_DELTA:
+            score = max(score, 0.7)
+            evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
+                                     note="process CPU share differs from peers'"))
+    if score:
+        found.append((Cause.HOST_CPU, score, evidence))
+    return found, measured
+
+
+def _input_candidate(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray, excess_ms: float):
+    data, peer_data = _median(frame.data[rows]), _median(frame.data[peers])
+    if not (np.isfinite(data) and np.isfinite(peer_data)) or excess_ms <= 0:
+        return None, False
+    data_excess = data - peer_data
+    share = data_excess / excess_ms
+    if share < 0.5:
+        return None, True
+    evidence = [Evidence(signal="ms.data", value=_r(data), peers=_r(peer_data),
+                         note=f"data-loader wait is {min(share, 1.0):.0%} of the excess busy time")]
+    iowait = _median(frame.telemetry["iowait_pct"][rows])
+    peer_iowait = _median(frame.telemetry["iowait_pct"][peers])
+    conf = 0.6 + 0.3 * min(1.0, share)
+    if np.isfinite(iowait) and np.isfinite(peer_iowait) and iowait - peer_iowait >= IOWAIT_DELTA_PCT:
+        evidence.append(Evidence(signal="iowait_pct", value=_r(iowait, 1), peers=_r(peer_iowait, 1),
+                                 note="the node waits on storage"))
+        return (Cause.INPUT_STORAGE, conf, evidence), True
+    return (Cause.INPUT_LOADER, conf, evidence), True
+
+
+def diagnose_straggler(
+    frame: WindowFrame,
+    rows: np.ndarray,
+    peers: np.ndarray,
+    floor: float,
+    probe: ProbeJudgement | None = None,
+) -> Diagnosis:
+    """Why are ``rows`` (one rank, or the ranks of one node) slower than ``peers``?"""
+    busy, peer_busy = _median(frame.busy[rows]), _median(frame.busy[peers])
+    excess = busy - peer_busy
+    base = [Evidence(signal="ms.busy", value=_r(busy), peers=_r(peer_busy),
+                     note="time not spent waiting for other ranks, per step")]
+    candidates: list[tuple[Cause, float, list[Evidence]]] = []
+    missing: list[str] = []
+
+    input_cand, data_measured = _input_candidate(frame, rows, peers, excess)
+    if input_cand is not None:
+        candidates.append(input_cand)
+    gpu, gpu_measured = _gpu_candidates(frame, rows, peers)
+    host, host_measured = _host_candidates(frame, rows, peers)
+    candidates.extend(gpu)
+    candidates.extend(host)
+
+    if probe is not None and probe.verdict is not ProbeVerdict.INCOMPLETE:
+        base.extend(probe.evidence)
+        if probe.verdict is ProbeVerdict.DEVICE:
+            # Identical work is slow: the device.  Keep a GPU cause the telemetry
+            # named, strengthened; otherwise the clocks are the usual suspect.
+            candidates = [(c, min(1.0, conf + 0.1), ev) for c, conf, ev in candidates
+                          if c.value.startswith("gpu.")] or [(Cause.GPU_CLOCKS, 0.6, [])]
+        elif probe.verdict is ProbeVerdict.NORMAL:
+            candidates = [(c, min(1.0, conf + 0.1), ev) for c, conf, ev in candidates
+                          if not c.value.startswith("gpu.")] or [(Cause.HOST_CPU, 0.55, [])]
+
+    if not data_measured:
+        missing.append("ms.data (data-loader wait)")
+    if not gpu_measured:
+        missing.append("gpu telemetry (clocks, throttle reasons)")
+    if not host_measured:
+        missing.append("host telemetry (steal, context switches, CPU share)")
+    return _pick(candidates, missing, floor, base)
+
+
+def _node_retransmits(frame: WindowFrame) -> tuple[str | None, float, float]:
+    """The node whose transport retransmits stand out, if one does."""
+    values = frame.telemetry["net_retransmits_per_s"]
+    if not np.any(np.isfinite(values)):
+        return None, float("nan"), float("nan")
+    per_node = {}
+    for code, name in enumerate(frame.node_names):
+        v = _median(values[frame.node == code])
+        if np.isfinite(v):
+            per_node[name] = v
+    if len(per_node) < 2:
+        return None, float("nan"), float("nan")
+    worst = max(per_node, key=per_node.get)
+    others = _median(np.array([v for n, v in per_node.items() if n != worst]))
+    if per_node[worst] >= max(RETRANSMIT_MIN_PER_S, RETRANSMIT_FACTOR * others):
+        return worst, per_node[worst], others
+    return None, per_node[worst], others
+
+
+def diagnose_job(
+    flag: JobFlag,
+    frame: WindowFrame,
+    summary: JobSummary,
+    history: JobHistory,
+    floor: float,
+    probe: ProbeJudgement | None = None,
+) -> JobDiagnosis:
+    """A whole job slowed down together: communication, input, or unknown."""
+    base = [Evidence(signal="ms.step", value=_r(flag.step_ms), peers=_r(flag.baseline_step_ms),
+                     note="job median step time vs its own healthy baseline")]
+    if not flag.comm_bound:
+        base.append(Evidence(signal="ms.busy", value=_r(summary.busy), peers=_r(history.median("busy")),
+                             note="every rank's own work rose together"))
+        if flag.data_rise_ms >= 0.5 * flag.busy_rise_ms > 0:
+            base.append(Evidence(signal="ms.data", value=_r(summary.data), peers=_r(history.median("data"))))
+            iowait = _median(frame.telemetry["iowait_pct"])
+            cause = Cause.INPUT_STORAGE if np.isfinite(iowait) and iowait >= IOWAIT_DELTA_PCT else Cause.INPUT_LOADER
+            return JobDiagnosis("job", Diagnosis(cause, 0.7, tuple(base)))
+        return JobDiagnosis("job", _pick([], ["per-rank telemetry that differs from the job's history"],
+                                         floor, base))
+
+    base.append(Evidence(signal="ms.comm_wait", value=_r(summary.comm_wait),
+                         peers=_r(history.median("comm_wait")), note="every rank waits longer at collectives"))
+    # One island's own collective groups slowed while the other islands' did not?
+    rising = []
+    for group, ms in summary.collectives.items():
+        before = history.collective_median(group)
+        if np.isfinite(before) and before > 0 and ms / before >= GROUP_RISE:
+            rising.append((group, ms, before))
+    island_groups = [g for g in rising if g[0] in frame.island_names]
+    if len(frame.island_names) >= 2 and len(island_groups) == 1:
+        group, ms, before = island_groups[0]
+        ev = base + [Evidence(signal=f"collectives[{group}].ms", value=_r(ms), peers=_r(before),
+                              note="this island's collectives slowed; the other islands' did not")]
+        return JobDiagnosis("island", Diagnosis(Cause.COMM_ISLAND, 0.8, tuple(ev)), island=group)
+
+    if probe is not None and probe.verdict is ProbeVerdict.LINK and probe.node:
+        ev = base + list(probe.evidence)
+        return JobDiagnosis("link", Diagnosis(Cause.COMM_LINK, 0.85, tuple(ev)), node=probe.node, link=probe.node)
+    node, worst, others = _node_retransmits(frame)
+    if node is not None:
+        ev = base + [Evidence(signal="net_retransmits_per_s", value=_r(worst, 1), peers=_r(others, 1),
+                              note=f"{node}'s transport retransmits stand out: its link")]
+        return JobDiagnosis("link", Diagnosis(Cause.COMM_LINK, 0.8, tuple(ev)), node=node, link=node)
+    missing = ["per-node link evidence (host.net_retransmits_per_s or a matched p2p probe)"]
+    if np.isfinite(worst):
+        missing = ["a node whose link counters stand out (retransmits are even across nodes)"]
+    # A communication slowdown with no node to name: still a comm problem, said
+    # plainly, with what would have named the link.
+    diag = _pick([(Cause.COMM_LINK, max(0.0, floor - 0.05), [])], missing, floor, base)
+    return JobDiagnosis("job", diag)
+
+
+FINGERPRINT_CAUSES = (("driver", Cause.CHANGE_DRIVER), ("comm_lib", Cause.CHANGE_COMM_LIB),
+                      ("config", Cause.CHANGE_CONFIG), ("torch", Cause.CHANGE_CONFIG),
+                      ("kernel", Cause.CHANGE_CONFIG), ("firmware", Cause.CHANGE_DRIVER))
+
+
+def diagnose_change(
+    reference: WorkloadReference,
+    fingerprint: dict[str, str | None],
+    summary: JobSummary,
+) -> Diagnosis | None:
+    """A job of a known workload runs slower than its last healthy run: what changed?"""
+    changed = [(key, cause) for key, cause in FINGERPRINT_CAUSES
+               if fingerprint.get(key) is not None and reference.fingerprint.get(key) is not None
+               and fingerprint.get(key) != reference.fingerprint.get(key)]
+    if not changed:
+        return None
+    evidence = [Evidence(signal="ms.step", value=_r(summary.step), peers=_r(reference.step),
+                         note=f"same workload as job {reference.job}, which ran before the change")]
+    for key, _ in changed:
+        evidence.append(Evidence(signal=f"env.{key}", value=fingerprint[key], peers=reference.fingerprint[key],
+                                 note="changed since the reference run"))
+    # Several fields changed at once (a new image): name the first in order of
+    # how often each is to blame, and list all of them as evidence.
+    confidence = 0.85 if len(changed) == 1 else 0.6
+    return Diagnosis(changed[0][1], confidence, tuple(evidence))

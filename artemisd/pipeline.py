@@ -1,0 +1,512 @@
+"""Analyzer: window reports in, incidents out — detect → confirm → localize.
+
+The Analyzer is pure: no I/O, no clock, no randomness.  It is driven only by
+the records it is given, in arrival order, so the daemon (live), ``artemis
+replay`` (recorded traces) and the simulator's benchmarks all run exactly this
+code and reach the same conclusions from the same records.
+
+Per job step it assembles each window from the ranks' reports.  A window is
+analysed when every rank of the job has reported it, or when a report two
+windows later arrives (a rank that is late is the straggler we are looking for;
+its report must not hold the analysis back for ever), or on ``flush``.
+
+Per window:
+
+1. **detect** ranks against island peers and the job against its history
+   (``detect.py``);
+2. group flagged ranks: two or more on one node are one **node** subject;
+   a job-wide slowdown that stragglers do not explain is one **job** subject;
+   a job of a known workload running slower than before a software change is
+   one **change** subject;
+3. **confirm** each subject by persistence under matched conditions
+   (``confirm.py``): first flag → incident in state ``suspect``; persistent →
+   ``confirmed`` and **localized** (``localize.py``), with a proposed remedy
+   (``remedy.py``); stopped before persisting → ``dismissed``;
+4. learn baselines from the window's healthy parts only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from artemisd import detect
+from artemisd.baseline import JobHistory, JobSummary, RankHistory, WorkloadReference
+from artemisd.config import AnalysisSettings
+from artemisd.confirm import Persistence, ProbeJudgement, Verdict, judge_probe
+from artemisd.frame import WindowFrame
+from artemisd.incident import Incident, IncidentKind, IncidentState
+from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler
+from artemisd.remedy import propose
+from artemisd.wire import NodeEvent, ProbeResult, WindowReport
+
+LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer arrives
+THROUGHPUT_DEPTH = 512  # windows of job throughput kept for verification
+STRAGGLER_SLACK = 1.5  # a step rise up to 1.5x the stragglers' excess is theirs
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Ask a job's probes for the matched micro-benchmark (active confirmation)."""
+
+    id: str
+    job: str
+    step: str
+    ranks: tuple[int, ...]
+    reason: str
+    incident: str
+
+
+@dataclass
+class _Open:
+    """An incident whose subject is still being watched."""
+
+    incident: Incident
+    subject: Hashable
+    rows_key: tuple  # ("rank", r) | ("node", name) | ("job",) | ("change",)
+    measures: list[tuple[float, float, float]] = field(default_factory=list)
+    healthy_windows: int = 0
+    probe: ProbeJudgement | None = None
+    probe_id: str | None = None
+
+
+@dataclass
+class _JobState:
+    job: str
+    step: str
+    world: int
+    ranks: RankHistory
+    history: JobHistory
+    persistence: Persistence
+    buffers: dict[int, dict[int, WindowReport]] = field(default_factory=dict)
+    closed_through: int = -1
+    open: dict[Hashable, _Open] = field(default_factory=dict)
+    throughput: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=THROUGHPUT_DEPTH))
+    env: dict[str, str | None] = field(default_factory=dict)
+    late_reports: int = 0
+    probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
+
+
+def _subject_label(key: tuple) -> str:
+    return "/".join(str(k) for k in key)
+
+
+class Analyzer:
+    """Pure detect → confirm → localize over a stream of wire records."""
+
+    def __init__(
+        self,
+        settings: AnalysisSettings | None = None,
+        id_prefix: str = "INC-",
+        first_id: int = 1,
+        active_probe: bool = False,
+    ):
+        self.settings = settings or AnalysisSettings()
+        self.id_prefix = id_prefix
+        self._next_id = first_id
+        self._next_probe = 1
+        self.active_probe = active_probe
+        self.incidents: list[Incident] = []
+        self._jobs: dict[tuple[str, str], _JobState] = {}
+        self._node_fingerprints: dict[tuple[str, str], dict[str, str | None]] = {}
+        self._references: dict[Hashable, list[WorkloadReference]] = {}
+        self._probe_requests: list[ProbeRequest] = []
+        self._ended: dict[str, int] = {}
+
+    # -- input ---------------------------------------------------------------
+
+    def ingest(self, record: WindowReport | NodeEvent) -> list[Incident]:
+        """Take one record; return copies of the incidents it created or changed."""
+        if isinstance(record, NodeEvent):
+            return self._node_event(record)
+        state = self._job(record)
+        seq = record.window.seq
+        if seq <= state.closed_through:
+            state.late_reports += 1
+            return []
+        state.buffers.setdefault(seq, {})[record.rank] = record
+        updates: list[Incident] = []
+        ready = [s for s in state.buffers if s <= seq - LATE_WINDOWS]
+        if len(state.buffers[seq]) >= state.world:
+            ready.append(seq)
+        for s in sorted(set(ready)):
+            updates.extend(self._close_through(state, s))
+        return updates
+
+    def flush(self) -> list[Incident]:
+        """End of input: analyse every window still waiting for reports."""
+        updates: list[Incident] = []
+        for state in self._jobs.values():
+            if state.buffers:
+                updates.extend(self._close_through(state, max(state.buffers)))
+        return updates
+
+    def pending_probes(self) -> list[ProbeRequest]:
+        """Probe requests raised since the last call (each returned once)."""
+        requests, self._probe_requests = self._probe_requests, []
+        return requests
+
+    def throughput(self, job: str, step: str = "0") -> list[tuple[int, float]]:
+        """(window seq, samples/s of the whole job) for the job's recent windows."""
+        state = self._jobs.get((job, step))
+        return list(state.throughput) if state else []
+
+    def subject_active(self, incident_id: str) -> bool:
+        """False once the incident's subject has been healthy for RecoverWindows windows."""
+        return incident_id not in self._ended
+
+    def analyze_frame(self, frame: WindowFrame) -> list[Incident]:
+        """Analyse one assembled window (the cost benchmark's entry point)."""
+        state = self._jobs.get((frame.job, frame.job_step))
+        if state is None:
+            state = self._new_job(frame.job, frame.job_step, frame.world)
+        state.closed_through = max(state.closed_through, frame.seq)
+        return self._analyze(state, frame, {})
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _new_job(self, job: str, step: str, world: int) -> _JobState:
+        s = self.settings
+        state = _JobState(job, step, world, RankHistory(world, s.history_windows),
+                          JobHistory(s.history_windows), Persistence(s.confirm_windows))
+        self._jobs[(job, step)] = state
+        return state
+
+    def _job(self, report: WindowReport) -> _JobState:
+        state = self._jobs.get(report.job_key)
+        if state is None:
+            state = self._new_job(report.job, report.step, report.world)
+        return state
+
+    def _node_event(self, event: NodeEvent) -> list[Incident]:
+        if event.job is not None and event.fingerprint is not None:
+            self._node_fingerprints[(event.job, event.node)] = event.fingerprint.model_dump()
+        updates: list[Incident] = []
+        if event.event == "job_end" and event.job is not None:
+            for state in [s for (job, _), s in self._jobs.items() if job == event.job]:
+                if state.buffers:
+                    updates.extend(self._close_through(state, max(state.buffers)))
+        return updates
+
+    def _new_incident(self, state: _JobState, kind: IncidentKind, seq: int, onset: int, **subject) -> Incident:
+        incident = Incident(id=f"{self.id_prefix}{self._next_id}", job=state.job, kind=kind,
+                            onset_window=onset, flagged_window=seq, **subject)
+        self._next_id += 1
+        self.incidents.append(incident)
+        return incident
+
+    def _close_through(self, state: _JobState, seq: int) -> list[Incident]:
+        updates: list[Incident] = []
+        for s in sorted(k for k in state.buffers if k <= seq):
+            reports = list(state.buffers.pop(s).values())
+            state.closed_through = max(state.closed_through, s)
+            probes: dict[str, dict[int, ProbeResult]] = {}
+            for r in reports:
+                if r.probe is not None:
+                    probes.setdefault(r.probe.id, {})[r.rank] = r.probe
+                if r.env is not None:
+                    state.env.update({k: v for k, v in r.env.model_dump().items() if v is not None})
+            reports.sort(key=lambda r: r.rank)
+            updates.extend(self._analyze(state, WindowFrame.from_reports(reports), probes))
+        return updates
+
+    # -- analysis --------------------------------------------------------------
+
+    def _analyze(self, state: _JobState, frame: WindowFrame,
+                 probes: dict[str, dict[int, ProbeResult]]) -> list[Incident]:
+        s = self.settings
+        seq = frame.seq
+        changed: dict[str, Incident] = {}
+        counts = np.bincount(frame.island, minlength=len(frame.island_names))
+        conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
+
+        self._take_probe_results(state, frame, probes, changed)
+
+        flags = detect.detect_ranks(frame, s)
+        rows = flags.rows
+        if rows.size:
+            usual = state.ranks.usual_ratio(frame.rank[rows])
+            judged = flags.ratio[rows] / np.clip(np.nan_to_num(usual, nan=1.0), 1.0, 1.0 + s.min_slowdown)
+            keep = judged >= 1.0 + s.min_slowdown
+            flags.flagged[rows[~keep]] = False
+            rows = rows[keep]
+
+        summary = detect.summarize(frame, frame.collectives)
+        state.throughput.append((seq, summary.throughput))
+
+        subjects = self._straggler_subjects(state, frame, rows)
+        job_flag = detect.detect_job(summary, state.history, s)
+        if job_flag is not None and rows.size:
+            excess = float(np.max(frame.busy[rows] - flags.island_median[rows]))
+            if job_flag.step_ms - job_flag.baseline_step_ms <= STRAGGLER_SLACK * excess:
+                job_flag = None  # the stragglers explain the job's slowdown
+        change = self._change_check(state, frame, summary) if not rows.size and job_flag is None else None
+
+        flagged_keys: set[Hashable] = set()
+        for key, subject_rows in subjects.items():
+            flagged_keys.add(key)
+            island = frame.island_names[int(frame.island[subject_rows[0]])]
+            peers = np.flatnonzero((frame.island == frame.island[subject_rows[0]])
+                                   & ~np.isin(np.arange(frame.size), subject_rows))
+            self._observe(state, key, seq, (conditions, island), frame, changed,
+                          lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p),
+                          lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
+                              frame, r, p, s.confidence_floor, o),
+                          island=island, rows=subject_rows)
+        if job_flag is not None:
+            key = ("job",)
+            flagged_keys.add(key)
+            loss = 100.0 * (job_flag.step_ms - job_flag.baseline_step_ms) / max(job_flag.step_ms, 1e-9)
+            self._observe(state, key, seq, conditions, frame, changed,
+                          lambda: (job_flag.step_ratio, job_flag.step_ms - job_flag.baseline_step_ms, loss),
+                          None, job_flag=job_flag, summary=summary)
+        if change is not None:
+            key = ("change",)
+            flagged_keys.add(key)
+            reference, ratio = change
+            excess = summary.step - reference.step
+            self._observe(state, key, seq, conditions, frame, changed,
+                          lambda: (ratio, excess, 100.0 * excess / max(summary.step, 1e-9)),
+                          None, reference=reference, summary=summary)
+
+        self._watch_recovery(state, seq, flagged_keys, changed)
+
+        # Baselines learn from healthy windows only: no flag, no open subject.
+        watched_rows = np.zeros(frame.size, dtype=bool)
+        for key in state.open:
+            watched_rows |= self._rows_of(frame, key)
+        healthy = ~flags.flagged & ~watched_rows
+        job_clean = job_flag is None and change is None and not any(
+            k[0] in ("job", "change") for k in state.open)
+        if job_clean:
+            state.ranks.record(frame.rank, flags.ratio, healthy)
+        if job_clean and not rows.size and not state.open:
+            state.history.record(summary)
+            self._remember_reference(state, frame, summary, conditions)
+        return [inc.model_copy(deep=True) for inc in changed.values()]
+
+    def _straggler_subjects(self, state: _JobState, frame: WindowFrame, rows: np.ndarray) -> dict:
+        """Flagged rows grouped: 2+ ranks on one node → a node subject, else rank subjects."""
+        subjects: dict[Hashable, np.ndarray] = {}
+        if not rows.size:
+            return subjects
+        by_node: dict[int, list[int]] = {}
+        for row in rows.tolist():
+            by_node.setdefault(int(frame.node[row]), []).append(row)
+        for node_code, node_rows in by_node.items():
+            node = frame.node_names[node_code]
+            if len(node_rows) >= 2:
+                key = ("node", node)
+                # Ranks of this node already under watch are the same problem: the
+                # incident grows from a rank to a node instead of being repeated.
+                for row in node_rows:
+                    rank_key = ("rank", int(frame.rank[row]))
+                    if rank_key in state.open and key not in state.open:
+                        self._rekey(state, rank_key, key)
+                    elif rank_key in state.open:
+                        self._absorb(state, rank_key)
+                subjects[key] = np.array(node_rows)
+            else:
+                rank_key = ("rank", int(frame.rank[node_rows[0]]))
+                node_key = ("node", node)
+                subjects[node_key if node_key in state.open else rank_key] = np.array(node_rows)
+        return subjects
+
+    def _rekey(self, state: _JobState, old: Hashable, new: Hashable) -> None:
+        watched = state.open.pop(old)
+        watched.subject = new
+        watched.rows_key = new
+        incident = watched.incident
+        incident.kind = IncidentKind.NODE
+        incident.rank = None
+        streak = state.persistence.streaks.pop(old, None)
+        if streak is not None:
+            state.persistence.streaks[new] = streak
+        state.open[new] = watched
+
+    def _absorb(self, state: _JobState, old: Hashable) -> None:
+        """A second rank incident on a node that already has a node incident: drop it."""
+        watched = state.open.pop(old)
+        state.persistence.forget(old)
+        if watched.incident.state is IncidentState.SUSPECT:
+            watched.incident.advance(IncidentState.DISMISSED)
+
+    @staticmethod
+    def _rows_of(frame: WindowFrame, key: Hashable) -> np.ndarray:
+        kind = key[0]
+        if kind == "rank":
+            return frame.rank == key[1]
+        if kind == "node":
+            try:
+                return frame.node == frame.node_names.index(key[1])
+            except ValueError:
+                return np.zeros(frame.size, dtype=bool)
+        return np.ones(frame.size, dtype=bool)
+
+    @staticmethod
+    def _straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[float, float, float]:
+        busy = float(np.median(frame.busy[rows]))
+        peer_busy = float(np.median(frame.busy[peers])) if peers.size else float("nan")
+        step = float(np.median(frame.step))
+        excess = busy - peer_busy
+        return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step, 1e-9)
+
+    def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable,
+                 frame: WindowFrame, changed: dict[str, Incident],
+                 measures: Callable[[], tuple[float, float, float]],
+                 diagnose: Callable[..., Diagnosis] | None, **context) -> None:
+        verdict, streak = state.persistence.observe(key, seq, conditions)
+        watched = state.open.get(key)
+        if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
+            watched.healthy_windows = 0  # a confirmed incident still in force
+            return
+        if watched is None:
+            kind = {"rank": IncidentKind.RANK, "node": IncidentKind.NODE,
+                    "job": IncidentKind.JOB, "change": IncidentKind.CHANGE}[key[0]]
+            subject: dict = {}
+            if key[0] == "rank":
+                row = int(context["rows"][0])
+                subject = {"rank": key[1], "node": frame.node_names[int(frame.node[row])]}
+            elif key[0] == "node":
+                subject = {"node": key[1]}
+            if "island" in context:
+                subject["island"] = context["island"]
+            incident = self._new_incident(state, kind, seq, streak.first_seq, **subject)
+            watched = state.open[key] = _Open(incident, key, key)
+            if self.active_probe and key[0] in ("rank", "node"):
+                self._request_probe(state, watched, frame, context["rows"])
+        watched.measures.append(measures())
+        incident = watched.incident
+        incident.flagged_window = seq
+        changed[incident.id] = incident
+        if verdict is not Verdict.CONFIRMED:
+            return
+        self._confirm(state, watched, seq, frame, diagnose, context)
+
+    def _confirm(self, state: _JobState, watched: _Open, seq: int, frame: WindowFrame,
+                 diagnose: Callable[..., Diagnosis] | None, context: dict) -> None:
+        incident = watched.incident
+        ratio, excess, loss = (float(np.mean([m[i] for m in watched.measures])) for i in range(3))
+        incident.ratio, incident.excess_ms, incident.loss_pct = round(ratio, 3), round(excess, 2), round(loss, 2)
+        kind = watched.rows_key[0]
+        if kind in ("rank", "node"):
+            diagnosis = diagnose(o=watched.probe) if watched.probe is not None else diagnose()
+        elif kind == "job":
+            job_diag = diagnose_job(context["job_flag"], frame, context["summary"], state.history,
+                                    self.settings.confidence_floor, watched.probe)
+            diagnosis = job_diag.diagnosis
+            incident.kind = IncidentKind(job_diag.kind)
+            incident.node, incident.island, incident.link = job_diag.node, job_diag.island, job_diag.link
+        else:
+            diagnosis = diagnose_change(context["reference"], self._fingerprint(state), context["summary"])
+        incident.cause = diagnosis.cause
+        incident.confidence = diagnosis.confidence
+        incident.evidence = list(diagnosis.evidence)
+        incident.confirmed_window = seq
+        incident.action = propose(incident.kind, incident.cause, incident.node, incident.job)
+        incident.advance(IncidentState.CONFIRMED)
+
+    def _watch_recovery(self, state: _JobState, seq: int, flagged: set[Hashable],
+                        changed: dict[str, Incident]) -> None:
+        for key in state.persistence.close_window(seq):
+            watched = state.open.get(key)
+            if watched is not None and watched.incident.state is IncidentState.SUSPECT:
+                watched.incident.advance(IncidentState.DISMISSED)
+                changed[watched.incident.id] = watched.incident
+                del state.open[key]
+        for key, watched in list(state.open.items()):
+            if key in flagged or watched.incident.state is IncidentState.SUSPECT:
+                continue
+            watched.healthy_windows += 1
+            if watched.healthy_windows >= self.settings.recover_windows:
+                self._ended[watched.incident.id] = seq
+                state.persistence.forget(key)
+                del state.open[key]
+
+    # -- active probe ------------------------------------------------------------
+
+    def _request_probe(self, state: _JobState, watched: _Open, frame: WindowFrame, rows: np.ndarray) -> None:
+        probe_id = f"PRB-{self._next_probe}"
+        self._next_probe += 1
+        watched.probe_id = probe_id
+        ranks = tuple(int(r) for r in frame.rank[rows])
+        self._probe_requests.append(ProbeRequest(
+            probe_id, state.job, state.step, ranks,
+            f"{_subject_label(watched.subject)} flagged in window {frame.seq}", watched.incident.id))
+
+    def _take_probe_results(self, state: _JobState, frame: WindowFrame,
+                            probes: dict[str, dict[int, ProbeResult]], changed: dict[str, Incident]) -> None:
+        for probe_id, results in probes.items():
+            state.probes.setdefault(probe_id, {}).update(results)
+        node_of = {int(r): frame.node_names[int(n)] for r, n in zip(frame.rank, frame.node)}
+        for watched in state.open.values():
+            if watched.probe_id is None or watched.probe_id not in state.probes:
+                continue
+            results = state.probes.pop(watched.probe_id)
+            suspects = {int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
+            watched.probe = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
+            incident = watched.incident
+            if incident.state is not IncidentState.SUSPECT:
+                incident.evidence = incident.evidence + list(watched.probe.evidence)
+                changed[incident.id] = incident
+
+    # -- change regressions -------------------------------------------------------
+
+    def _fingerprint(self, state: _JobState) -> dict[str, str | None]:
+        merged: dict[str, str | None] = dict(state.env)
+        per_node = [fp for (job, _), fp in self._node_fingerprints.items() if job == state.job]
+        for key in ("driver", "comm_lib", "kernel", "firmware"):
+            values = [fp.get(key) for fp in per_node if fp.get(key)]
+            if values and not merged.get(key):
+                merged[key] = Counter(values).most_common(1)[0][0]
+        return merged
+
+    @staticmethod
+    def _workload(frame: WindowFrame, conditions: Hashable) -> Hashable:
+        """Workload signature: the job's shape and its samples per rank per step."""
+        per_step = frame.samples / np.maximum(frame.steps, 1)
+        finite = per_step[np.isfinite(per_step)]
+        samples = round(float(np.median(finite)), 1) if finite.size else None
+        return (conditions, samples)
+
+    def _remember_reference(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
+                            conditions: Hashable) -> None:
+        fingerprint = self._fingerprint(state)
+        if not any(fingerprint.values()) or len(state.history.healthy) < detect.MIN_BASELINE_WINDOWS:
+            return
+        refs = self._references.setdefault(self._workload(frame, conditions), [])
+        refs[:] = [r for r in refs if r.job != state.job]
+        refs.append(WorkloadReference(fingerprint, state.history.median("step"), state.history.median("busy"),
+                                      state.history.median("comm_wait"), state.job, len(state.history.healthy)))
+
+    def _change_check(self, state: _JobState, frame: WindowFrame,
+                      summary: JobSummary) -> tuple[WorkloadReference, float] | None:
+        counts = np.bincount(frame.island, minlength=len(frame.island_names))
+        conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
+        refs = [r for r in self._references.get(self._workload(frame, conditions), []) if r.job != state.job]
+        if not refs:
+            return None
+        fingerprint = self._fingerprint(state)
+        same = [r for r in refs if r.fingerprint == fingerprint]
+        if same:
+            return None  # the same software ran this workload before: not a change
+        reference = refs[-1]
+        ratio = summary.step / max(reference.step, 1e-9)
+        if ratio < 1.0 + self.settings.job_slowdown:
+            return None
+        if diagnose_change(reference, fingerprint, summary) is None:
+            return None
+        return reference, ratio
+
+
+def analyze_records(records: Iterable[WindowReport | NodeEvent], analyzer: Analyzer) -> list[Incident]:
+    """Feed records through an analyzer and flush; return every update in order."""
+    updates: list[Incident] = []
+    for record in records:
+        updates.extend(analyzer.ingest(record))
+    updates.extend(analyzer.flush())
+    return updates
+

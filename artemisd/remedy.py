@@ -1,0 +1,47 @@
+"""Remedy: the action each diagnosis calls for, before any site policy is applied.
+
+This is what ``artemis replay`` proposes (``action.status = "proposed"``) and
+the first choice the daemon hands to its policy, which may downgrade it (to
+an escalation or a recommendation) or forbid it.  Preference runs from the
+least disruptive fix that addresses the cause to the most disruptive:
+
+* a clock or power-limit problem is *corrected* in place (reset application
+  clocks, restore the default power limit) — reversible, no restart;
+* an input-pipeline or host-side straggler gets its work *rebalanced* —
+  reversible, the job keeps running;
+* a hot GPU or a bad link is hardware: *drain* the node so no new job lands
+  on it (the running job may be requeued excluding it, by policy);
+* a software change, or a cause we could not name, goes to a person:
+  *escalate*.
+"""
+
+from __future__ import annotations
+
+from artemisd.incident import Action, Cause, IncidentKind
+
+_BY_CAUSE: dict[Cause, tuple[str, bool]] = {
+    Cause.GPU_CLOCKS: ("correct", True),
+    Cause.GPU_POWER: ("correct", True),
+    Cause.GPU_THERMAL: ("drain", True),
+    Cause.COMM_LINK: ("drain", True),
+    Cause.COMM_ISLAND: ("escalate", False),
+    Cause.HOST_CPU: ("rebalance", True),
+    Cause.INPUT_LOADER: ("rebalance", True),
+    Cause.INPUT_STORAGE: ("escalate", False),
+    Cause.CHANGE_DRIVER: ("escalate", False),
+    Cause.CHANGE_COMM_LIB: ("escalate", False),
+    Cause.CHANGE_CONFIG: ("escalate", False),
+    Cause.UNKNOWN: ("escalate", False),
+}
+
+
+def propose(kind: IncidentKind, cause: Cause, node: str | None, job: str) -> Action:
+    """The remedy for a diagnosis, as a proposed action on its natural target."""
+    action, reversible = _BY_CAUSE[cause]
+    if action in ("drain", "correct") and node is None:
+        # Hardware with no node to name: nothing to drain or reset; a person decides.
+        action, reversible = "escalate", False
+    if action == "rebalance" and kind not in (IncidentKind.RANK, IncidentKind.NODE):
+        action, reversible = "escalate", False
+    target = node if action in ("drain", "correct") else job
+    return Action(kind=action, target=target, status="proposed", reversible=reversible)
