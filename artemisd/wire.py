@@ -310,7 +310,7 @@ def _path(loc: tuple[Any, ...]) -> str:
     # Drop the discriminator tag pydantic inserts ("window"/"node") so paths
     # read like the JSON the user wrote: ms.busy, window.seq, gpu.throttle.1
     parts = [str(p) for p in loc]
-    if parts and parts[0] in ("window", "node") and len(parts) > 1:
+    if parts and parts[0] in ("window", "node"):
         parts = parts[1:]
     return ".".join(parts)
 

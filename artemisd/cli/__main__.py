@@ -1,0 +1,5 @@
+import sys
+
+from artemisd.cli import main
+
+sys.exit(main())

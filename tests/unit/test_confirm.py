@@ -1,0 +1,63 @@
+"""Confirm: persistence under matched conditions, and the matched probe's verdicts."""
+
+from artemisd.confirm import Persistence, ProbeVerdict, Verdict, judge_probe
+from artemisd.wire import P2PTiming, ProbeResult
+
+
+def test_needs_consecutive_or_nearly_consecutive_flags():
+    p = Persistence(confirm_windows=2)
+    assert p.observe("r2", 5, "c")[0] is Verdict.PENDING
+    assert p.observe("r2", 6, "c")[0] is Verdict.CONFIRMED
+
+
+def test_one_off_spike_is_dismissed():
+    p = Persistence(confirm_windows=2)
+    p.observe("r2", 5, "c")
+    assert p.close_window(6) == []
+    assert p.close_window(7) == ["r2"]
+
+
+def test_intermittent_fault_flagged_most_windows_confirms():
+    p = Persistence(confirm_windows=3)
+    p.observe("r2", 1, "c")
+    p.observe("r2", 2, "c")
+    p.close_window(3)  # not flagged in window 3
+    assert p.observe("r2", 4, "c")[0] is Verdict.CONFIRMED  # 3 of the last 4
+
+
+def test_changed_conditions_restart_the_count():
+    p = Persistence(confirm_windows=2)
+    p.observe("r2", 1, ("world", 8))
+    verdict, streak = p.observe("r2", 2, ("world", 16))
+    assert verdict is Verdict.PENDING and streak.first_seq == 2
+
+
+def probe(pid, gemm, hops=()):
+    return ProbeResult(id=pid, gemm_ms=gemm, p2p=tuple(P2PTiming(peer=p, ms=ms) for p, ms in hops))
+
+
+NODES = {0: "n0", 1: "n1", 2: "n2", 3: "n3"}
+
+
+def test_slow_identical_gemm_means_the_device():
+    results = {0: probe("P", 10.0), 1: probe("P", 10.1), 2: probe("P", 13.0), 3: probe("P", 9.9)}
+    judgement = judge_probe(results, {2}, NODES, 0.04)
+    assert judgement.verdict is ProbeVerdict.DEVICE
+    assert judgement.evidence[0].signal == "probe.gemm_ms"
+
+
+def test_slow_transfers_touching_one_node_mean_its_link():
+    # Ring 0→1→2→3→0: the hops into and out of n2 are slow.
+    results = {0: probe("P", 10, [(1, 5.0)]), 1: probe("P", 10, [(2, 20.0)]),
+               2: probe("P", 10, [(3, 21.0)]), 3: probe("P", 10, [(0, 5.1)])}
+    judgement = judge_probe(results, {2}, NODES, 0.04)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n2"
+
+
+def test_normal_on_identical_work_points_at_host_or_input():
+    results = {r: probe("P", 10.0, [((r + 1) % 4, 5.0)]) for r in range(4)}
+    assert judge_probe(results, {2}, NODES, 0.04).verdict is ProbeVerdict.NORMAL
+
+
+def test_missing_results_are_incomplete_not_a_verdict():
+    assert judge_probe({2: probe("P", 10)}, {2}, NODES, 0.04).verdict is ProbeVerdict.INCOMPLETE

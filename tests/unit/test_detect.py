@@ -1,0 +1,88 @@
+"""Detect: robust peer comparison on busy time, and job-wide slowdowns."""
+
+import numpy as np
+
+from artemisd.baseline import JobHistory
+from artemisd.config import AnalysisSettings
+from artemisd.detect import detect_job, detect_ranks, island_statistics, summarize
+from artemisd.frame import WindowFrame
+from tests.unit.windows import lockstep
+
+SETTINGS = AnalysisSettings()
+
+
+def frame(busy, **kw) -> WindowFrame:
+    return WindowFrame.from_reports(lockstep(0, busy, **kw))
+
+
+def test_straggler_is_flagged_and_waiting_ranks_are_not():
+    f = frame([100, 101, 99, 120, 100, 100, 101, 99])
+    flags = detect_ranks(f, SETTINGS)
+    assert list(flags.rows) == [3]
+    # The healthy ranks wait ~20 ms more than the straggler, yet none is flagged.
+    assert np.all(f.comm_wait[[0, 1, 2]] > f.comm_wait[3])
+    assert flags.ratio[3] == 120 / np.median(f.busy)
+
+
+def test_median_and_mad_ignore_the_outlier():
+    f = frame([100, 100, 100, 100, 100, 100, 100, 500])
+    median, sigma = island_statistics(f)
+    assert median[0] == 100
+    assert sigma[0] == 0.5  # MAD is 0, so sigma takes its floor of 0.5 % of the median
+
+
+def test_slowdown_below_min_slowdown_is_not_flagged():
+    f = frame([100, 100.5, 99.5, 103, 100, 100.2, 99.8, 100])
+    assert detect_ranks(f, SETTINGS).rows.size == 0
+
+
+def test_large_relative_excess_inside_noise_is_not_flagged():
+    # 6 % slower, but the island's own spread is far wider: not an outlier.
+    f = frame([100, 80, 120, 106, 90, 110, 85, 115])
+    assert detect_ranks(f, SETTINGS).rows.size == 0
+
+
+def test_ranks_are_only_compared_within_their_island():
+    # AMD ranks are 30 % slower than NVIDIA ranks by nature: no one is flagged.
+    busy = [100, 100, 101, 99, 130, 131, 129, 130]
+    f = frame(busy, island=["nvidia"] * 4 + ["amd"] * 4)
+    assert detect_ranks(f, SETTINGS).rows.size == 0
+
+
+def test_island_of_two_is_never_judged():
+    f = frame([100, 100, 100, 100, 100, 100, 130, 100], island=["a"] * 6 + ["b"] * 2)
+    assert detect_ranks(f, SETTINGS).rows.size == 0
+
+
+def test_usual_ratio_discounts_a_persistently_slower_gpu_only_up_to_min_slowdown():
+    f = frame([100, 100, 100, 105, 100, 100, 100, 100])
+    assert list(detect_ranks(f, SETTINGS).rows) == [3]
+    usual = np.full(8, np.nan)
+    usual[3] = 1.03
+    assert detect_ranks(f, SETTINGS, usual).rows.size == 0
+    usual[3] = 1.5  # a straggler from the start cannot excuse itself
+    g = frame([100, 100, 100, 150, 100, 100, 100, 100])
+    assert list(detect_ranks(g, SETTINGS, usual).rows) == [3]
+
+
+def test_job_slowdown_against_history_splits_comm_from_busy():
+    history = JobHistory(depth=10)
+    for seq in range(4):
+        history.record(summarize(frame([100] * 8, comm_ms=20)))
+    assert detect_job(summarize(frame([100] * 8, comm_ms=21)), history, SETTINGS) is None
+    flag = detect_job(summarize(frame([100] * 8, comm_ms=40)), history, SETTINGS)
+    assert flag is not None and flag.comm_bound
+    assert flag.step_ratio == 140 / 120
+    assert flag.comm_rise_ms == 20 and flag.busy_rise_ms == 0
+
+
+def test_job_needs_a_baseline_before_judging():
+    history = JobHistory(depth=10)
+    history.record(summarize(frame([100] * 8)))
+    assert detect_job(summarize(frame([200] * 8)), history, SETTINGS) is None
+
+
+def test_throughput_is_samples_per_second_of_the_whole_job():
+    f = frame([100] * 4, comm_ms=0, samples_per_step=10)
+    # 4 ranks × 10 samples per 100 ms step = 400 samples/s.
+    assert summarize(f).throughput == 400.0

@@ -1,0 +1,270 @@
+"""The Analyzer end to end on hand-built lockstep windows, one scenario per cause."""
+
+import random
+
+import pytest
+
+from artemisd.config import AnalysisSettings
+from artemisd.incident import Cause, IncidentKind, IncidentState
+from artemisd.pipeline import Analyzer
+from artemisd.wire import NodeEvent, ProbeResult, parse_record
+from tests.unit.windows import lockstep, run
+
+
+def noisy(rng, n=8, spread=0.005, base=100.0):
+    return [base * (1 + rng.gauss(0, spread)) for _ in range(n)]
+
+
+def analyze(windows, **kw):
+    analyzer = Analyzer(**kw)
+    updates = run(analyzer, windows)
+    confirmed = [i for i in analyzer.incidents if i.state is IncidentState.CONFIRMED]
+    return analyzer, confirmed, updates
+
+
+def scenario(fault, windows=14, onset=6, seed=3, **kw):
+    rng = random.Random(seed)
+    out = []
+    for seq in range(windows):
+        busy = noisy(rng)
+        extra = fault(seq, busy) if seq >= onset else {}
+        out.append(lockstep(seq, busy, **{**kw, **(extra or {})}))
+    return out
+
+
+def test_gpu_clock_straggler_is_one_rank_incident_with_contract_measures():
+    def fault(seq, busy):
+        busy[2] *= 1.19
+        return {"gpu": {2: {"sm_clock_mhz": 1410}}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert (incident.kind, incident.rank, incident.node) == (IncidentKind.RANK, 2, "n1")
+    assert incident.cause is Cause.GPU_CLOCKS
+    assert incident.onset_window == 6 and incident.confirmed_window == 7
+    assert incident.ratio == pytest.approx(1.19, abs=0.02)
+    step = 100 * 1.19 + 20
+    assert incident.excess_ms == pytest.approx(19, abs=2)
+    assert incident.loss_pct == pytest.approx(100 * incident.excess_ms / step, abs=0.5)
+    assert incident.evidence[1].signal == "sm_clock_mhz" and incident.evidence[1].peers == 1980
+    assert incident.action.kind == "correct" and incident.action.status == "proposed"
+    assert incident.result is None
+
+
+@pytest.mark.parametrize(
+    ("gpu", "cause"),
+    [({"throttle": ["sw_thermal"], "temp_c": 92, "sm_clock_mhz": 1500}, Cause.GPU_THERMAL),
+     ({"throttle": ["sw_power_cap"], "power_w": 450}, Cause.GPU_POWER),
+     ({"power_limit_w": 450}, Cause.GPU_POWER),
+     ({"throttle": ["applications_clocks"], "sm_clock_mhz": 1600}, Cause.GPU_CLOCKS)],
+)
+def test_gpu_causes(gpu, cause):
+    def fault(seq, busy):
+        busy[5] *= 1.25
+        return {"gpu": {5: gpu}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert incident.rank == 5 and incident.cause is cause
+
+
+def test_two_slow_ranks_on_one_node_are_one_node_incident():
+    def fault(seq, busy):
+        busy[4] *= 1.15
+        busy[5] *= 1.15
+        return {"host": {4: {"ctx_invol_per_s": 400.0}, 5: {"ctx_invol_per_s": 400.0}}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert (incident.kind, incident.node, incident.rank) == (IncidentKind.NODE, "n2", None)
+    assert incident.cause is Cause.HOST_CPU
+
+
+def test_rank_incident_grows_into_node_incident_instead_of_a_second_one():
+    def fault(seq, busy):
+        busy[4] *= 1.2
+        if seq >= 9:
+            busy[5] *= 1.2
+
+    analyzer, confirmed, _ = analyze(scenario(fault))
+    assert len(confirmed) == 1 and confirmed[0].kind is IncidentKind.NODE and confirmed[0].node == "n2"
+
+
+def test_data_loader_stall():
+    def fault(seq, busy):
+        busy[3] += 20
+        return {"data": [1.0, 1.0, 1.0, 21.0, 1.0, 1.0, 1.0, 1.0]}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert incident.rank == 3 and incident.cause is Cause.INPUT_LOADER
+    assert incident.action.kind == "rebalance"
+
+
+def test_storage_stall_needs_iowait():
+    def fault(seq, busy):
+        busy[3] += 20
+        return {"data": [1.0] * 3 + [21.0] + [1.0] * 4, "host": {3: {"iowait_pct": 35.0}}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert incident.cause is Cause.INPUT_STORAGE
+
+
+def test_degraded_link_is_a_link_incident_naming_the_node():
+    def fault(seq, busy):
+        return {"comm_ms": 40.0, "host": {6: {"net_retransmits_per_s": 80.0}, 7: {"net_retransmits_per_s": 80.0}}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert (incident.kind, incident.node, incident.cause) == (IncidentKind.LINK, "n3", Cause.COMM_LINK)
+    assert incident.ratio == pytest.approx(140 / 120, abs=0.02)  # step time vs the job's baseline
+
+
+def test_comm_slowdown_without_link_evidence_says_unknown_and_what_is_missing():
+    _, [incident], _ = analyze(scenario(lambda seq, busy: {"comm_ms": 40.0}))
+    assert incident.kind is IncidentKind.JOB and incident.cause is Cause.UNKNOWN
+    missing = [e for e in incident.evidence if e.signal == "missing"]
+    assert missing and "retransmits" in missing[0].value
+
+
+def test_one_island_collectives_slowing_is_an_island_incident():
+    rng = random.Random(4)
+    islands = ["nvidia"] * 4 + ["amd"] * 4
+    windows = []
+    for seq in range(14):
+        reports = lockstep(seq, noisy(rng), island=islands, comm_ms=40.0 if seq >= 6 else 20.0)
+        fixed = []
+        for r in reports:
+            raw = r.model_dump(exclude_none=True)
+            # Hierarchical all-reduce: within the island first, then across islands.
+            group_ms = (30.0 if seq >= 6 and r.island == "amd" else 10.0) * 50
+            raw["collectives"] = list(raw["collectives"]) + [
+                {"op": "all_reduce", "group": r.island, "calls": 50, "ms": group_ms}]
+            fixed.append(parse_record(raw))
+        windows.append(fixed)
+    _, [incident], _ = analyze(windows)
+    assert (incident.kind, incident.island, incident.cause) == (IncidentKind.ISLAND, "amd", Cause.COMM_ISLAND)
+
+
+def test_straggler_does_not_also_raise_a_job_incident():
+    def fault(seq, busy):
+        busy[1] *= 1.4
+
+    _, confirmed, _ = analyze(scenario(fault, windows=20, onset=8))
+    assert [i.kind for i in confirmed] == [IncidentKind.RANK]
+
+
+def test_healthy_noise_spikes_and_a_slightly_slower_gpu_raise_no_incident():
+    rng = random.Random(5)
+    windows = []
+    for seq in range(60):
+        busy = noisy(rng, spread=0.01)
+        busy[1] *= 1.03  # a healthy GPU that is always 3 % slower
+        if seq in (10, 30, 31 + 10):
+            busy[rng.randrange(8)] *= 1.4  # GC pause / transient spike, one window
+        windows.append(lockstep(seq, busy))
+    analyzer, confirmed, _ = analyze(windows)
+    assert confirmed == []
+    assert all(i.state is IncidentState.DISMISSED for i in analyzer.incidents)
+
+
+def test_change_regression_names_the_change():
+    rng = random.Random(6)
+    old = {"driver": "550.54.15", "comm_lib": "nccl 2.21.5"}
+    new = {"driver": "555.42.02", "comm_lib": "nccl 2.21.5"}
+    windows = [lockstep(seq, noisy(rng), job="200", env=old) for seq in range(10)]
+    windows += [lockstep(seq, [b * 1.15 for b in noisy(rng)], job="201", env=new) for seq in range(10)]
+    _, [incident], _ = analyze(windows)
+    assert (incident.kind, incident.job, incident.cause) == (IncidentKind.CHANGE, "201", Cause.CHANGE_DRIVER)
+    changed = [e for e in incident.evidence if e.signal == "env.driver"]
+    assert changed[0].value == "555.42.02" and changed[0].peers == "550.54.15"
+
+
+def test_same_software_running_slower_is_not_a_change():
+    rng = random.Random(6)
+    env = {"driver": "550.54.15", "comm_lib": "nccl 2.21.5"}
+    windows = [lockstep(seq, noisy(rng), job="200", env=env) for seq in range(10)]
+    windows += [lockstep(seq, [b * 1.15 for b in noisy(rng)], job="201", env=env) for seq in range(10)]
+    _, confirmed, _ = analyze(windows)
+    assert confirmed == []
+
+
+def test_change_seen_through_node_events():
+    rng = random.Random(7)
+    windows = [lockstep(seq, noisy(rng), job="300", env={"comm_lib": "nccl 2.21.5"}) for seq in range(10)]
+    analyzer = Analyzer()
+    for node in ("n0", "n1", "n2", "n3"):
+        analyzer.ingest(NodeEvent(type="node", v=1, event="job_start", job="300", node=node, time=1.0,
+                                  fingerprint={"driver": "550.54.15"}))
+    run(analyzer, windows)
+    for node in ("n0", "n1", "n2", "n3"):
+        analyzer.ingest(NodeEvent(type="node", v=1, event="job_start", job="301", node=node, time=2.0,
+                                  fingerprint={"driver": "560.28.03"}))
+    run(analyzer, [lockstep(seq, [b * 1.2 for b in noisy(rng)], job="301", env={"comm_lib": "nccl 2.21.5"})
+                   for seq in range(10)])
+    [incident] = [i for i in analyzer.incidents if i.state is IncidentState.CONFIRMED]
+    assert incident.cause is Cause.CHANGE_DRIVER and incident.job == "301"
+
+
+def test_suspect_window_never_enters_the_baseline():
+    # Rank 2 is slow in one window only (dismissed); the job baseline must not move.
+    analyzer = Analyzer()
+    rng = random.Random(8)
+    for seq in range(8):
+        busy = noisy(rng)
+        if seq == 5:
+            busy = [b * 1.5 for b in busy]  # whole job slow in one window
+        run(analyzer, [lockstep(seq, busy)])
+    state = next(iter(analyzer._jobs.values()))
+    assert all(s.step < 130 for s in state.history.healthy)
+
+
+def test_late_reports_do_not_hold_analysis_back():
+    # Rank 3 never reports window 0; it is analysed once window 2 arrives.
+    analyzer = Analyzer()
+    windows = [lockstep(seq, [100.0] * 4) for seq in range(3)]
+    for report in windows[0][:3] + windows[1] + windows[2][:1]:
+        analyzer.ingest(report)
+    state = next(iter(analyzer._jobs.values()))
+    assert state.closed_through == 1 and 0 not in state.buffers
+    analyzer.ingest(windows[0][3])  # arrives after its window was analysed
+    assert state.late_reports == 1
+
+
+def test_updates_are_copies_and_follow_the_life_cycle():
+    def fault(seq, busy):
+        busy[2] *= 1.3
+
+    analyzer, [incident], updates = analyze(scenario(fault))
+    states = [u.state for u in updates if u.id == incident.id]
+    assert states[0] is IncidentState.SUSPECT and states[-1] is IncidentState.CONFIRMED
+    updates[0].rank = 99
+    assert analyzer.incidents[0].rank == 2
+
+
+def test_active_probe_is_requested_and_its_verdict_becomes_evidence():
+    analyzer = Analyzer(active_probe=True)
+    rng = random.Random(9)
+    confirmed = None
+    for seq in range(10):
+        busy = noisy(rng)
+        if seq >= 4:
+            busy[2] *= 1.3
+        reports = lockstep(seq, busy, telemetry=False)
+        if seq == 5:
+            request = analyzer.pending_probes()[0]
+            assert request.ranks == (2,) and request.job == "100"
+            reports = [parse_record({**r.model_dump(exclude_none=True), "probe": ProbeResult(
+                id=request.id, gemm_ms=13.0 if r.rank == 2 else 10.0).model_dump()}) for r in reports]
+        for r in reports:
+            for update in analyzer.ingest(r):
+                if update.state is IncidentState.CONFIRMED:
+                    confirmed = update
+    assert confirmed is not None
+    assert any(e.signal == "probe.gemm_ms" for e in confirmed.evidence)
+    assert confirmed.cause.value.startswith("gpu.")
+
+
+def test_settings_change_the_thresholds():
+    def fault(seq, busy):
+        busy[2] *= 1.06
+
+    _, found, _ = analyze(scenario(fault))
+    assert len(found) == 1
+    _, found, _ = analyze(scenario(fault), settings=AnalysisSettings(min_slowdown=0.08))
+    assert found == []

@@ -1,0 +1,117 @@
+"""Wire contract v1: what is accepted, what is rejected, and how errors read."""
+
+import json
+
+import pytest
+
+from artemisd.wire import NodeEvent, ReportError, TraceReader, WindowReport, dump_record, parse_line, parse_record
+
+DESIGN_EXAMPLE = {
+    "type": "window", "v": 1, "job": "4242", "step": "0", "rank": 2, "world": 8, "node": "n2",
+    "device": {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "index": 0, "uuid": "GPU-1"},
+    "island": "nvidia",
+    "window": {"seq": 37, "first_step": 1850, "steps": 50, "t0": 1764683000.12, "t1": 1764683005.45},
+    "ms": {"step": 106.6, "busy": 50.3, "compute": 49.1, "data": 1.2, "comm_wait": 56.3},
+    "ms_p50": {"step": 106.1, "busy": 50.0},
+    "samples": 1600,
+    "collectives": [{"op": "all_reduce", "group": "world", "calls": 50, "bytes": 2.1e9, "ms": 2815.0}],
+    "gpu": {"sm_clock_mhz": 1410, "max_sm_clock_mhz": 1980, "power_w": 512, "power_limit_w": 700,
+            "default_power_limit_w": 700, "temp_c": 71, "util_pct": 97, "throttle": ["sw_thermal"],
+            "ecc_uncorrected": 0, "pcie_replay": 0},
+    "host": {"cpu_pct": 96.0, "steal_pct": 0.0, "iowait_pct": 0.3, "ctx_invol_per_s": 12.0,
+             "net_retransmits_per_s": 0.0},
+    "env": {"driver": "550.54.15", "comm_lib": "nccl 2.21.5", "torch": "2.5.1", "config": "sha256:ab"},
+}
+NODE_EXAMPLE = {
+    "type": "node", "v": 1, "event": "job_start", "job": "4242", "node": "n2", "time": 1764682990.0,
+    "fingerprint": {"driver": "550.54.15", "comm_lib": "nccl 2.21.5", "kernel": "6.1.0", "firmware": "96.00"},
+    "gpus": [{"index": 0, "vendor": "nvidia", "model": "H100", "uuid": "GPU-1", "sm_clock_mhz": 1980,
+              "max_sm_clock_mhz": 1980, "power_limit_w": 700, "default_power_limit_w": 700, "temp_c": 35}],
+    "probe": {"gemm_tflops": [700.0], "membw_gbs": [3000.0]},
+}
+
+
+def with_(base, **changes):
+    out = json.loads(json.dumps(base))
+    for dotted, value in changes.items():
+        target = out
+        *path, last = dotted.split("__")
+        for part in path:
+            target = target[part]
+        if value is KeyError:
+            del target[last]
+        else:
+            target[last] = value
+    return out
+
+
+def test_design_examples_parse():
+    report = parse_record(DESIGN_EXAMPLE)
+    assert isinstance(report, WindowReport)
+    assert report.island_key == "nvidia"
+    assert report.gpu.throttle == ("sw_thermal",)
+    event = parse_record(NODE_EXAMPLE)
+    assert isinstance(event, NodeEvent) and event.fingerprint.driver == "550.54.15"
+
+
+def test_unknown_fields_are_ignored_and_missing_means_not_measured():
+    report = parse_record(with_(DESIGN_EXAMPLE, future_field={"x": 1}, gpu=KeyError, host=KeyError))
+    assert report.gpu is None and report.host is None
+    assert "future_field" not in dump_record(report)
+
+
+def test_busy_is_derived_from_step_and_comm_wait():
+    report = parse_record(with_(DESIGN_EXAMPLE, ms__busy=KeyError))
+    assert report.ms.busy == pytest.approx(106.6 - 56.3)
+
+
+def test_island_defaults_to_vendor_and_model():
+    report = parse_record(with_(DESIGN_EXAMPLE, island=KeyError))
+    assert report.island_key == "nvidia:NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"ms__busy": KeyError, "ms__comm_wait": KeyError}, "ms", "needs busy or comm_wait"),
+        ({"ms__busy": 80.0}, "ms", "must equal step - comm_wait"),
+        ({"rank": 8}, "<record>", "not below world"),
+        ({"gpu__throttle": ["too_hot"]}, "gpu.throttle.0", "Input should be"),
+        ({"window__t1": 1.0}, "window", "before t0"),
+        ({"ms__step": -1}, "ms.step", "greater than or equal"),
+        ({"v": 2}, "v", "unsupported wire version"),
+        ({"job": ""}, "job", "at least 1"),
+    ],
+)
+def test_bad_reports_name_field_and_reason(changes, field, reason):
+    with pytest.raises(ReportError) as err:
+        parse_record(with_(DESIGN_EXAMPLE, **changes), where="t.jsonl:7")
+    text = str(err.value)
+    assert text.startswith("t.jsonl:7: ")
+    assert any(path == ("" if field == "<record>" else field) and reason in why
+               for path, why in err.value.problems), err.value.problems
+
+
+def test_non_object_and_non_json_lines():
+    with pytest.raises(ReportError, match="expected a JSON object"):
+        parse_record([1, 2])
+    with pytest.raises(ReportError, match="not JSON"):
+        parse_line("{nope")
+
+
+def test_trace_reader_reports_file_line_and_keeps_the_rest(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    good = json.dumps(DESIGN_EXAMPLE)
+    trace.write_text("\n".join([good, "{broken", json.dumps(with_(DESIGN_EXAMPLE, rank=-1)), "",
+                                json.dumps(NODE_EXAMPLE), good]) + "\n")
+    reader = TraceReader(trace)
+    records = list(reader)
+    assert [type(r).__name__ for r in records] == ["WindowReport", "NodeEvent", "WindowReport"]
+    assert reader.rejected == 2
+    assert [e.where for e in reader.errors] == [f"{trace}:2", f"{trace}:3"]
+    assert "rank" in str(reader.errors[1])
+
+
+def test_dump_round_trips():
+    report = parse_record(DESIGN_EXAMPLE)
+    assert parse_line(dump_record(report)) == report
