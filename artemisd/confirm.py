@@ -1,13 +1,18 @@
 """Confirm: a flag becomes an incident only if it persists under matched conditions.
 
 *Passive* confirmation (always on, the only kind in replay): the same subject
-must be flagged in at least ``ConfirmWindows`` of the last ``ConfirmWindows + 1``
-windows, all under the same *conditions* — the job's workload signature
-(world size, island make-up, steps per window) and the subject's island.  A
-change of conditions restarts the count: a window measured under other
+must be flagged under the same *conditions* — the job's workload signature
+(world size, island make-up), the subject's island and node — either
+
+* in at least ``ConfirmWindows`` of the last ``ConfirmWindows + 1`` windows
+  (a steady fault: confirmed one window after onset with the default 2), or
+* in at least ``ConfirmWindows + 1`` of the last ``4 × ConfirmWindows``
+  windows (an intermittent fault that keeps coming back).
+
+A change of conditions restarts the count: a window measured under other
 conditions proves nothing about this one.  One-off spikes and GC pauses are
-flagged once at most and so are dismissed; an intermittent fault that is
-flagged in most windows still confirms.
+flagged once and dismissed; a subject is dismissed once it can no longer
+reach either rule.
 
 *Active* confirmation (the daemon's seam): while a subject is suspect, the
 pipeline can ask the job's probes to run identical work on every rank (a
@@ -38,6 +43,7 @@ class Streak:
     conditions: Hashable
     first_seq: int
     flagged: list[int] = field(default_factory=list)
+    dismissed: bool = False  # its suspect was dismissed; flags kept for the intermittent rule
 
     @property
     def last_seq(self) -> int:
@@ -59,26 +65,39 @@ class Persistence:
 
     def __init__(self, confirm_windows: int):
         self.need = confirm_windows
+        self.span = 4 * confirm_windows  # horizon of the intermittent rule
         self.streaks: dict[Hashable, Streak] = {}
 
     def observe(self, subject: Hashable, seq: int, conditions: Hashable) -> tuple[Verdict, Streak]:
         streak = self.streaks.get(subject)
-        if streak is None or streak.conditions != conditions or seq - streak.last_seq > self.need:
+        if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
-        if not streak.flagged or streak.flagged[-1] != seq:
+        if streak.flagged[-1:] != [seq]:
             streak.flagged.append(seq)
-        recent = [s for s in streak.flagged if s > seq - (self.need + 1)]
-        streak.flagged = recent
-        if len(recent) >= self.need:
+        streak.dismissed = False
+        streak.flagged = [s for s in streak.flagged if s > seq - self.span]
+        steady = sum(1 for s in streak.flagged if s > seq - (self.need + 1))
+        if steady >= self.need or len(streak.flagged) >= self.need + 1:
             return Verdict.CONFIRMED, streak
         return Verdict.PENDING, streak
 
     def close_window(self, seq: int) -> list[Hashable]:
-        """Forget subjects that can no longer reach confirmation; return them (dismissed)."""
-        gone = [s for s, st in self.streaks.items() if seq - st.last_seq >= self.need]
-        for subject in gone:
-            del self.streaks[subject]
-        return gone
+        """Subjects that just became hopeless (a lone flag whose steady window
+        has passed): the caller dismisses them.  Their flags are remembered
+        until they age out of the horizon, so a fault that keeps coming back
+        is still confirmed by the intermittent rule."""
+        hopeless = []
+        for subject, streak in list(self.streaks.items()):
+            recent = [s for s in streak.flagged if s > seq - self.span]
+            if not recent:
+                del self.streaks[subject]
+                if not streak.dismissed:
+                    hopeless.append(subject)
+                continue
+            if not streak.dismissed and seq - streak.last_seq >= self.need and len(recent) < self.need:
+                streak.dismissed = True
+                hopeless.append(subject)
+        return hopeless
 
     def forget(self, subject: Hashable) -> None:
         self.streaks.pop(subject, None)

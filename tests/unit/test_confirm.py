@@ -25,6 +25,25 @@ def test_intermittent_fault_flagged_most_windows_confirms():
     assert p.observe("r2", 4, "c")[0] is Verdict.CONFIRMED  # 3 of the last 4
 
 
+def test_recurring_fault_confirms_over_the_longer_horizon():
+    p = Persistence(confirm_windows=2)
+    p.observe("r2", 1, "c")
+    assert p.close_window(1) == [] and p.close_window(2) == []
+    assert p.close_window(3) == ["r2"]  # a lone flag: dismissed ...
+    assert p.observe("r2", 4, "c")[0] is Verdict.PENDING  # ... but remembered
+    for seq in (4, 5, 6):
+        assert p.close_window(seq) == []  # two flags in the horizon: keep watching
+    assert p.observe("r2", 7, "c")[0] is Verdict.CONFIRMED  # 3 flags within 8 windows
+
+
+def test_flags_age_out_of_the_horizon():
+    p = Persistence(confirm_windows=2)
+    p.observe("r2", 1, "c")
+    p.observe("r2", 4, "c")
+    dismissed = [seq for seq in range(4, 14) if p.close_window(seq) == ["r2"]]
+    assert dismissed == [12] and "r2" not in p.streaks  # two flags, never a third
+
+
 def test_changed_conditions_restart_the_count():
     p = Persistence(confirm_windows=2)
     p.observe("r2", 1, ("world", 8))
