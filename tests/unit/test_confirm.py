@@ -41,7 +41,8 @@ def test_flags_age_out_of_the_horizon():
     p.observe("r2", 1, "c")
     p.observe("r2", 4, "c")
     dismissed = [seq for seq in range(4, 14) if p.close_window(seq) == ["r2"]]
-    assert dismissed == [12] and "r2" not in p.streaks  # two flags, never a third
+    # Once the first flag ages out, the second is a lone spike: dismissed.
+    assert dismissed == [9]
 
 
 def test_changed_conditions_restart_the_count():
