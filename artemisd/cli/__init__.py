@@ -12,6 +12,7 @@ from artemisd import __version__
 # takes the parsed args and returns an exit status.
 COMMAND_MODULES = (
     "artemisd.cli.replay",
+    "artemisd.cli.sim",
 )
 
 
