@@ -1,0 +1,95 @@
+"""The matched micro-benchmark run on a ``probe`` directive.
+
+Every rank of the job runs it at the same window boundary (the ranks agree
+first, see ``probe.Probe._agree``), with identical sizes, so timings compare
+across ranks under matched conditions:
+
+1. a fixed-size GEMM on the rank's own device -> ``gemm_ms``, ``gemm_tflops``;
+2. a fixed-size all-reduce within the rank's island -> ``allreduce_ms``;
+3. one ring of point-to-point transfers, rank r -> r+1 -> ``p2p`` (a slow
+   link shows as a slow ``ms`` towards one peer, named with its node).
+
+Times are medians over a few repetitions after one warm-up.  Each phase is a
+collective or follows one, and runs on every rank even if a previous phase
+failed locally, so a local error can never leave the ranks out of step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# (GEMM n, all-reduce bytes, ring bytes): small on CPU so a probe costs well
+# under a second on shared cores; large enough on GPUs to be bandwidth-bound.
+CPU_SIZES = (384, 4 << 20, 1 << 20)
+GPU_SIZES = (4096, 256 << 20, 64 << 20)
+REPS = 3
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median milliseconds of ``fn`` over REPS runs after one warm-up."""
+    fn()
+    samples = []
+    for _ in range(REPS):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()  # the probe is off the training path: waiting is fine here
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(samples))
+
+
+def run(directive_id: str, *, rank: int, world: int, device: torch.device,
+        island_group: Any, nodes: list[str] | None, errors: list[str]) -> dict[str, Any]:
+    """Run the three phases; return the wire ``probe`` block (``cost_ms`` included)."""
+    t_start = time.perf_counter()
+    n, ar_bytes, p2p_bytes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    out: dict[str, Any] = {"id": directive_id}
+
+    try:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        gemm_ms = _timed(lambda: torch.mm(a, b), device)
+        out["gemm_ms"] = round(gemm_ms, 4)
+        out["gemm_tflops"] = round(2 * n**3 / (gemm_ms * 1e-3) / 1e12, 6)
+    except Exception as err:  # noqa: BLE001
+        errors.append(f"gemm: {err!r}")
+
+    if world > 1:
+        buf = torch.ones(ar_bytes // 4, device=device, dtype=torch.float32)
+        try:
+            out["allreduce_ms"] = round(_timed(lambda: dist.all_reduce(buf, group=island_group), device), 4)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"allreduce: {err!r}")
+
+        peer, source = (rank + 1) % world, (rank - 1) % world
+        send = torch.ones(p2p_bytes // 4, device=device, dtype=torch.float32)
+        recv = torch.empty_like(send)
+
+        def ring() -> None:
+            ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, source)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        try:
+            entry: dict[str, Any] = {"peer": peer, "ms": round(_timed(ring, device), 4)}
+            if nodes and peer < len(nodes):
+                entry["node"] = nodes[peer]
+            out["p2p"] = [entry]
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"p2p: {err!r}")
+
+    out["cost_ms"] = round((time.perf_counter() - t_start) * 1e3, 3)
+    return out

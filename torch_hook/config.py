@@ -1,0 +1,81 @@
+"""Probe settings, read from the environment the SPANK plugin exports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A bad ARTEMIS_* variable; the message names the variable and value."""
+
+
+def _int(env: dict[str, str], name: str, default: int, low: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if value < low:
+        raise ConfigError(f"{name}={raw!r}: must be at least {low}")
+    return value
+
+
+def _float(env: dict[str, str], name: str, default: float, low: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+    if value < low:
+        raise ConfigError(f"{name}={raw!r}: must be at least {low}")
+    return value
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything the probe needs besides rank/world (which come from torch.distributed).
+
+    ``endpoint``: ``http://host:port`` of artemisd, ``file:/path.jsonl`` to
+    record a trace, or None (measure, send nowhere).  ``window_steps`` is W:
+    window k covers steps [kW, (k+1)W).  ``window_seconds`` bounds a window's
+    wall time: once a window took longer, ranks agree on shorter windows.
+    """
+
+    endpoint: str | None
+    job: str
+    job_step: str
+    node: str
+    window_steps: int = 50
+    window_seconds: float = 60.0
+    queue_size: int = 64
+    http_timeout_s: float = 2.0
+    munge_socket: str | None = None
+    boundary_sync: bool = True
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ProbeConfig:
+        env = dict(os.environ if env is None else env)
+        endpoint = (env.get("ARTEMIS_ENDPOINT") or "").strip() or None
+        if endpoint and not endpoint.startswith(("http://", "https://", "file:")):
+            raise ConfigError(f"ARTEMIS_ENDPOINT={endpoint!r}: expected http://host:port or file:/path")
+        sync = (env.get("ARTEMIS_BOUNDARY_SYNC") or "1").strip().lower()
+        if sync not in ("0", "1", "yes", "no", "true", "false", "on", "off"):
+            raise ConfigError(f"ARTEMIS_BOUNDARY_SYNC={sync!r}: expected 1 or 0")
+        return cls(
+            endpoint=endpoint,
+            job=env.get("ARTEMIS_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
+            job_step=env.get("ARTEMIS_STEP_ID") or env.get("SLURM_STEP_ID") or "0",
+            node=env.get("ARTEMIS_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname(),
+            window_steps=_int(env, "ARTEMIS_WINDOW_STEPS", 50, 1),
+            window_seconds=_float(env, "ARTEMIS_WINDOW_SECONDS", 60.0, 0.001),
+            queue_size=_int(env, "ARTEMIS_QUEUE", 64, 1),
+            http_timeout_s=_float(env, "ARTEMIS_HTTP_TIMEOUT", 2.0, 0.01),
+            munge_socket=env.get("ARTEMIS_MUNGE_SOCKET") or None,
+            boundary_sync=sync in ("1", "yes", "true", "on"),
+        )

@@ -1,0 +1,71 @@
+"""DDP gradient-bucket timing.
+
+The reducer launches one all-reduce per bucket as gradients become ready and
+blocks at the end of backward until all have completed.  Buckets launch in a
+fixed order, the last one when backward compute has finished, so per step:
+
+* comm_wait  = last completion - last launch (the tail backward waits for;
+  a straggling peer makes it long on every *other* rank), never negative;
+* op time    = sum over buckets of (completion - launch), the all-reduces'
+  time in flight, overlapped with compute or not.
+
+Completion is marked in a ``Future.then`` callback: DDP waits on the future
+the hook returns, so the mark is always taken before backward returns (an
+``add_done_callback`` could run after the waiter woke up).  On CUDA the
+callback's current stream is synchronised with the collective, so an event
+recorded there completes with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_hook.clock import elapsed_ms, mark_for
+
+
+class DdpTracker:
+    def __init__(self) -> None:
+        self._buckets: list[tuple[str, float, list[Any]]] = []
+
+    def bucket(self, group: str, nbytes: float, launch: Any, buffer: torch.Tensor,
+               fut: torch.futures.Future) -> torch.futures.Future:
+        marks: list[Any] = [launch, None]
+        self._buckets.append((group, nbytes, marks))
+
+        def completed(done: torch.futures.Future) -> Any:
+            try:
+                marks[1] = mark_for(buffer)
+            except Exception:  # noqa: BLE001 -- never fail the gradient sync
+                pass
+            return done.value()  # re-raises a failed all-reduce to DDP unchanged
+
+        return fut.then(completed)
+
+    def end_step(self, recorder: Any) -> None:
+        buckets, self._buckets = self._buckets, []
+        if not buckets:
+            return
+        group = buckets[0][0]
+        nbytes = sum(b[1] for b in buckets)
+        marks = [b[2] for b in buckets if b[2][1] is not None]
+        if not marks:
+            return
+        last_launch = marks[-1][0]
+
+        def resolve() -> tuple[float, float] | None:
+            tails, flights = [], []
+            for launch, done in marks:
+                tail, flight = elapsed_ms(last_launch, done), elapsed_ms(launch, done)
+                if tail is None or flight is None:
+                    return None
+                tails.append(tail)
+                flights.append(flight)
+            return max(0.0, max(tails)), sum(flights)
+
+        resolved = resolve() if isinstance(last_launch, float) else None
+        if resolved is not None:
+            recorder.comm("all_reduce", group, nbytes, len(buckets), resolved[0], resolved[1])
+        else:
+            recorder.comm_pending("all_reduce", group, nbytes, len(buckets), resolve)

@@ -1,0 +1,165 @@
+"""Sends window reports from a background thread; never blocks a step.
+
+``submit`` puts a report on a bounded queue without waiting; a full queue
+drops the report and counts it.  The sender thread completes reports (the
+``enrich`` callback adds telemetry, off the training thread), batches them and
+either POSTs them to ``<endpoint>/v1/reports`` with ``Authorization: Munge
+<credential>`` or, for ``file:/path``, appends JSON lines (a trace for
+``artemis replay``).  A daemon that is down, slow or answers garbage costs the
+batch (dropped, counted) and nothing else.  ``dropped`` is cumulative and goes
+into every later report as ``dropped_reports``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from torch_hook.munge import MungeSigner
+
+_BATCH_MAX = 64
+_STOP = object()
+
+
+class Sender:
+    def __init__(
+        self,
+        endpoint: str | None,
+        *,
+        queue_size: int = 64,
+        timeout_s: float = 2.0,
+        munge_socket: str | None = None,
+        enrich: Callable[[dict[str, Any]], None] | None = None,
+        on_reply: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._munge_socket = munge_socket
+        self._enrich = enrich
+        self._on_reply = on_reply
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._idle = threading.Event()
+        self._idle.set()
+        # Counters (read by tests and put in reports); written by one thread each.
+        self.dropped = 0
+        self.sent = 0
+        self.unauthenticated = 0
+        self.bad_replies = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="artemis-sender", daemon=True)
+        self._thread.start()
+
+    # -- training thread -----------------------------------------------------
+    def submit(self, report: dict[str, Any]) -> bool:
+        try:
+            self._queue.put_nowait(report)
+            self._idle.clear()
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until everything submitted was handled."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._queue.empty() and self._idle.wait(0.05):
+                return True
+        return False
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        self.flush(timeout_s)
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=max(0.1, timeout_s))
+
+    # -- sender thread -------------------------------------------------------
+    def _run(self) -> None:
+        signer: MungeSigner | None = None
+        if self.endpoint and self.endpoint.startswith("http"):
+            signer = MungeSigner(self._munge_socket, self.timeout_s)
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            batch = [item]
+            while len(batch) < _BATCH_MAX:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self._send(batch, signer)
+                    return
+                batch.append(more)
+            self._send(batch, signer)
+            if self._queue.empty():
+                self._idle.set()
+
+    def _send(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
+        try:
+            for report in batch:
+                if self._enrich is not None:
+                    try:
+                        self._enrich(report)
+                    except Exception as err:  # noqa: BLE001 -- a report without telemetry beats none
+                        self.errors += 1
+                        self.last_error = f"enrich: {err!r}"
+                report["dropped_reports"] = self.dropped
+            if not self.endpoint:
+                return
+            if self.endpoint.startswith("file:"):
+                self._append(batch)
+            else:
+                self._post(batch, signer)
+            self.sent += len(batch)
+        except Exception as err:  # noqa: BLE001 -- daemon down, slow, disk full: drop and count
+            self.dropped += len(batch)
+            self.last_error = f"{type(err).__name__}: {err}"
+
+    def _append(self, batch: list[dict[str, Any]]) -> None:
+        path = self.endpoint[len("file:"):]
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch).encode()
+        # One write() on an O_APPEND descriptor: lines of concurrent ranks never interleave.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def _post(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
+        body = json.dumps(batch, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        credential = signer.credential(body) if signer is not None else None
+        if credential:
+            headers["Authorization"] = f"Munge {credential}"
+        else:
+            self.unauthenticated += 1
+        url = self.endpoint.rstrip("/") + "/v1/reports"
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            raw = response.read(1 << 20)
+        try:
+            reply = json.loads(raw)
+            if not isinstance(reply, dict):
+                raise ValueError(f"expected a JSON object, got {type(reply).__name__}")
+        except ValueError as err:
+            self.bad_replies += 1
+            self.last_error = f"reply: {err}"
+            return  # the daemon took the batch; only its answer was unreadable
+        if self._on_reply is not None:
+            try:
+                self._on_reply(reply)
+            except Exception as err:  # noqa: BLE001
+                self.errors += 1
+                self.last_error = f"reply handler: {err!r}"
