@@ -15,13 +15,15 @@ to extend when a key is added (and docs/artemis.conf.5.md documents each).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 MAX_INCLUDE_DEPTH = 8
 
@@ -136,12 +138,151 @@ class AnalysisSettings(_Section):
     recover_windows: int = Field(default=3, ge=1, le=1000)
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> float:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"expected a duration such as 90, 90s, 15m or 2h, got {value!r}")
+    return float(match.group(1)) * _DURATION_UNIT[(match.group(2) or "s").lower()]
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
+def _host_port(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+HostPort = Annotated[str, BeforeValidator(_host_port)]
+NameList = Annotated[tuple[str, ...], BeforeValidator(_split_list)]
+UidList = Annotated[tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_split_list)]
+
+# Actions the daemon can take (incident contract ActionKind, less the
+# bookkeeping values); policy lists name them.
+POLICY_ACTIONS = ("rebalance", "correct", "drain", "requeue", "constrain", "escalate")
+PolicyAction = Literal["rebalance", "correct", "drain", "requeue", "constrain", "escalate"]
+ActionList = Annotated[tuple[PolicyAction, ...], BeforeValidator(_split_list)]
+
+
+class DaemonSettings(_Section):
+    """How artemisd runs: where it listens and keeps state, whom it trusts.
+
+    ``Enabled=no`` is the global kill switch: incidents are still detected,
+    recorded and escalated by email, but nothing is changed in Slurm or in a
+    job.  ``DryRun=yes`` goes one step further: the daemon decides and records
+    every action it *would* take (status ``proposed``, audit ``dry-run``) and
+    sends nothing anywhere.
+    """
+
+    listen: HostPort = "127.0.0.1:6820"
+    state_dir: str = "/var/lib/artemis"
+    slurm_backend: Literal["cli", "pyslurm"] = "cli"
+    slurm_timeout: Seconds = 30.0
+    auth_type: Literal["munge", "none"] = "munge"
+    munge_socket: str | None = None
+    slurm_user: str = "slurm"
+    admin_uids: UidList = ()
+    dry_run: bool = False
+    enabled: bool = True
+    hard_action_evidence: Literal["root", "root_or_probe"] = "root"
+    evidence_max_age: Seconds = 900.0
+    probe_min_interval: Seconds = 300.0
+    probe_max_per_hour: int = Field(default=4, ge=0, le=3600)
+    probe_timeout: Seconds = 120.0
+    history_windows_kept: int = Field(default=200, ge=10, le=100_000)
+    verify_windows: int = Field(default=3, ge=1, le=1000)
+    recovery_fraction: float = Field(default=0.95, gt=0.0, le=2.0)
+    retry_backoff: Seconds = 5.0
+    retry_backoff_max: Seconds = 600.0
+    job_cache_seconds: Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _loopback_for_none(self) -> DaemonSettings:
+        host = self.listen.rpartition(":")[0].strip("[]")
+        if self.auth_type == "none" and host not in ("127.0.0.1", "localhost", "::1") \
+                and not host.startswith("127."):
+            raise ValueError("auth_type=none is only allowed with a loopback Listen address")
+        return self
+
+
+class MailSettings(_Section):
+    """Escalation email through an SMTP relay; no relay = no email (escalation still recorded)."""
+
+    mail_relay: HostPort | None = None
+    mail_from: str = "artemis@localhost"
+    mail_to: NameList = ()
+    mail_timeout: Seconds = 10.0
+    mail_subject_prefix: str = "[artemis]"
+
+
+class PartitionPolicy(_Section):
+    """One ``PartitionPolicy=`` line: what Artemis may do to jobs and nodes of matching partitions.
+
+    ``name`` is a shell-style pattern (``gpu*``) or ``DEFAULT``; the first line
+    whose pattern matches the job's partition wins, ``DEFAULT`` matches all.
+    ``auto`` actions run without a person; ``approve`` actions wait for
+    ``artemis approve``; any other action is only recommended (escalated).
+    ``max_drain_fraction`` caps the share of the partition's nodes drained by
+    Artemis at any time, ``max_drains_per_hour`` the drains in any sliding
+    hour; ``cooldown`` is the minimum time between two actions on one node or job.
+    ``constraint`` is a feature expression ANDed into the Features of a job
+    Artemis requeued (e.g. a feature the site's node check sets on healthy nodes).
+    """
+
+    name: str = Field(min_length=1)
+    auto: ActionList = ("rebalance", "escalate")
+    approve: ActionList = ("correct", "drain", "requeue", "constrain")
+    max_drain_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    max_drains_per_hour: int = Field(default=2, ge=0, le=10_000)
+    cooldown: Seconds = 900.0
+    probe: bool = True
+    constraint: str | None = None
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> PartitionPolicy:
+        both = set(self.auto) & set(self.approve)
+        if both:
+            raise ValueError(f"{', '.join(sorted(both))} listed in both Auto and Approve")
+        return self
+
+
+DEFAULT_POLICY = PartitionPolicy(name="DEFAULT")
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     analysis: AnalysisSettings = AnalysisSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    mail: MailSettings = MailSettings()
+    # PartitionPolicy lines in file order; the first match wins (policy_for).
+    policies: tuple[PartitionPolicy, ...] = ()
     # Where each setting came from, for errors raised after parsing.
     sources: dict[str, Setting] = Field(default_factory=dict, exclude=True)
+
+
+    def policy_for(self, partition: str | None) -> PartitionPolicy:
+        """The first PartitionPolicy whose pattern matches ``partition`` (DEFAULT matches all)."""
+        for policy in self.policies:
+            if policy.name.upper() == "DEFAULT" or (
+                    partition is not None and fnmatch.fnmatchcase(partition, policy.name)):
+                return policy
+        return DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -161,16 +302,99 @@ KEYS: dict[str, KeySpec] = {
     "JobSlowdown": KeySpec("analysis", "job_slowdown", "job-wide step-time rise vs baseline to flag"),
     "ConfidenceFloor": KeySpec("analysis", "confidence_floor", "below this confidence a cause is 'unknown'"),
     "RecoverWindows": KeySpec("analysis", "recover_windows", "healthy windows that end an incident"),
+    "Listen": KeySpec("daemon", "listen", "HOST:PORT the HTTP API listens on"),
+    "StateDir": KeySpec("daemon", "state_dir", "directory of the SQLite state database"),
+    "SlurmBackend": KeySpec("daemon", "slurm_backend", "cli (scontrol/sinfo/squeue/sacct) or pyslurm"),
+    "SlurmTimeout": KeySpec("daemon", "slurm_timeout", "timeout of one Slurm command"),
+    "AuthType": KeySpec("daemon", "auth_type", "munge, or none (loopback Listen only)"),
+    "MungeSocket": KeySpec("daemon", "munge_socket", "munged socket (default: munge's own)"),
+    "SlurmUser": KeySpec("daemon", "slurm_user", "user whose credentials count as root-side"),
+    "AdminUids": KeySpec("daemon", "admin_uids", "uids besides root and SlurmUser allowed to approve/deny"),
+    "DryRun": KeySpec("daemon", "dry_run", "decide and record actions, perform none"),
+    "Enabled": KeySpec("daemon", "enabled", "global kill switch for actions"),
+    "HardActionEvidence": KeySpec("daemon", "hard_action_evidence", "corroboration a drain/requeue needs"),
+    "EvidenceMaxAge": KeySpec("daemon", "evidence_max_age", "how long root-side node evidence stays valid"),
+    "ProbeMinInterval": KeySpec("daemon", "probe_min_interval", "minimum time between probes of one job"),
+    "ProbeMaxPerHour": KeySpec("daemon", "probe_max_per_hour", "probes per job in any sliding hour"),
+    "ProbeTimeout": KeySpec("daemon", "probe_timeout", "how long a probe directive is offered"),
+    "HistoryWindowsKept": KeySpec("daemon", "history_windows_kept", "windows per job kept in the state database"),
+    "VerifyWindows": KeySpec("daemon", "verify_windows", "windows measured after an action to verify it"),
+    "RecoveryFraction": KeySpec("daemon", "recovery_fraction", "share of baseline throughput that counts as recovered"),
+    "RetryBackoff": KeySpec("daemon", "retry_backoff", "first retry delay of a failed Slurm/SMTP call"),
+    "RetryBackoffMax": KeySpec("daemon", "retry_backoff_max", "longest retry delay"),
+    "JobCacheSeconds": KeySpec("daemon", "job_cache_seconds", "how long a job's owner/partition is cached"),
+    "MailRelay": KeySpec("mail", "mail_relay", "SMTP relay HOST:PORT for escalations"),
+    "MailFrom": KeySpec("mail", "mail_from", "sender address"),
+    "MailTo": KeySpec("mail", "mail_to", "comma-separated recipients"),
+    "MailTimeout": KeySpec("mail", "mail_timeout", "SMTP connection timeout"),
+    "MailSubjectPrefix": KeySpec("mail", "mail_subject_prefix", "prefix of every subject line"),
 }
 _KEY_BY_LOWER = {k.lower(): k for k in KEYS}
 
-SECTIONS: dict[str, type[_Section]] = {"analysis": AnalysisSettings}
+SECTIONS: dict[str, type[_Section]] = {
+    "analysis": AnalysisSettings,
+    "daemon": DaemonSettings,
+    "mail": MailSettings,
+}
 
 
-def _section_values(lines: list[ConfLine]) -> tuple[dict[str, dict[str, Any]], dict[str, Setting]]:
+@dataclass(frozen=True)
+class BlockSpec:
+    """A line opened by ``Key=Name`` whose other pairs configure that one record.
+
+    ``keys`` maps the block's own keys to model fields; the opening key sets
+    ``name``.  Blocks go, in file order, to the ``Config`` field ``target``.
+    """
+
+    model: type[_Section]
+    target: str
+    keys: dict[str, KeySpec]
+
+
+BLOCK_KEYS: dict[str, BlockSpec] = {
+    "PartitionPolicy": BlockSpec(PartitionPolicy, "policies", {
+        "Auto": KeySpec("policy", "auto", "actions taken without a person"),
+        "Approve": KeySpec("policy", "approve", "actions that wait for artemis approve"),
+        "MaxDrainFraction": KeySpec("policy", "max_drain_fraction", "cap on the share of the partition drained"),
+        "MaxDrainsPerHour": KeySpec("policy", "max_drains_per_hour", "drains in any sliding hour"),
+        "Cooldown": KeySpec("policy", "cooldown", "minimum time between actions on one node or job"),
+        "Probe": KeySpec("policy", "probe", "allow active matched probes in these jobs"),
+        "Constraint": KeySpec("policy", "constraint", "feature expression added to a requeued job's Features"),
+    }),
+}
+_BLOCK_BY_LOWER = {k.lower(): k for k in BLOCK_KEYS}
+
+
+def _build_block(opening: str, settings: list[Setting]) -> _Section:
+    spec = BLOCK_KEYS[opening]
+    by_lower = {k.lower(): k for k in spec.keys}
+    values: dict[str, Any] = {"name": settings[0].value}
+    sources: dict[str, Setting] = {"name": settings[0]}
+    for setting in settings[1:]:
+        canonical = by_lower.get(setting.key.lower())
+        if canonical is None:
+            raise ConfigError(setting.file, setting.line, setting.key, f"unknown key in a {opening} line")
+        values[spec.keys[canonical].field] = setting.value
+        sources[spec.keys[canonical].field] = setting
+    try:
+        return spec.model(**values)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        src = sources.get(str(first["loc"][0]) if first["loc"] else "", settings[0])
+        raise ConfigError(src.file, src.line, src.key, f"bad value {src.value!r}: {first['msg']}") from None
+
+
+def _section_values(
+    lines: list[ConfLine],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Setting], dict[str, list[_Section]]]:
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     sources: dict[str, Setting] = {}
+    blocks: dict[str, list[_Section]] = {spec.target: [] for spec in BLOCK_KEYS.values()}
     for line in lines:
+        opening = _BLOCK_BY_LOWER.get(line.settings[0].key.lower()) if line.settings else None
+        if opening is not None:
+            blocks[BLOCK_KEYS[opening].target].append(_build_block(opening, line.settings))
+            continue
         for setting in line.settings:
             canonical = _KEY_BY_LOWER.get(setting.key.lower())
             if canonical is None:
@@ -178,11 +402,11 @@ def _section_values(lines: list[ConfLine]) -> tuple[dict[str, dict[str, Any]], d
             spec = KEYS[canonical]
             values[spec.section][spec.field] = setting.value
             sources[f"{spec.section}.{spec.field}"] = setting
-    return values, sources
+    return values, sources, blocks
 
 
 def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
-    values, sources = _section_values(lines)
+    values, sources, blocks = _section_values(lines)
     sections: dict[str, _Section] = {}
     for name, model in SECTIONS.items():
         try:
@@ -190,11 +414,13 @@ def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
         except ValidationError as err:
             first = err.errors(include_url=False)[0]
             field_name = str(first["loc"][0]) if first["loc"] else ""
-            src = sources.get(f"{name}.{field_name}")
+            # A model-level check (loc empty) is blamed on the last key of the section given.
+            src = sources.get(f"{name}.{field_name}") or next(
+                (v for k, v in reversed(sources.items()) if k.startswith(f"{name}.")), None)
             key = src.key if src else field_name
             raise ConfigError(src.file if src else origin, src.line if src else None, key,
                               f"bad value {src.value if src else ''!r}: {first['msg']}") from None
-    return Config(**sections, sources=sources)
+    return Config(**sections, **{k: tuple(v) for k, v in blocks.items()}, sources=sources)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -1,0 +1,32 @@
+"""Prometheus metrics of one daemon (``GET /metrics``).
+
+A registry per daemon instance rather than the process-global default, so
+tests can run several daemons in one process and a reload keeps the counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.reports = Counter("artemis_reports_total", "Records received, by outcome", ["outcome"], registry=r)
+        self.ingest_seconds = Histogram("artemis_ingest_seconds", "Time to ingest one POST /v1/reports",
+                                        registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5))
+        self.incidents = Gauge("artemis_incidents", "Incidents by state", ["state"], registry=r)
+        self.actions = Counter("artemis_actions_total", "Action attempts, by kind and result",
+                               ["kind", "result"], registry=r)
+        self.probes = Counter("artemis_probes_total", "Probe directives issued or refused", ["outcome"], registry=r)
+        self.probe_cost_ms = Counter("artemis_probe_cost_ms_total",
+                                     "Training time spent in matched probes (sum over ranks), ms", registry=r)
+        self.auth_failures = Counter("artemis_auth_failures_total", "Rejected credentials", registry=r)
+        self.backend_errors = Counter("artemis_backend_errors_total", "Slurm/SMTP failures (retried)",
+                                      ["backend"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,190 @@
+"""Policy: which action an incident gets, under the site's rules.  Pure.
+
+The analyzer proposes a remedy (``remedy.py``); the daemon walks a *ladder*
+that starts at it and falls back to the next, more disruptive rung when a rung
+is not allowed, not possible, or did not help (verify said unresolved)::
+
+    correct   -> drain -> escalate
+    rebalance -> escalate
+    drain     -> escalate
+    escalate
+
+The ``drain`` rung drains the node and then, when the policy allows
+``requeue``, requeues the job excluding that node (and, with ``constrain``
+and a ``Constraint=``, narrows its Features).  Draining alone does not help the
+running job, so without a requeue the incident is escalated: the job needs a
+restart by a person.
+
+For each rung ``decide`` answers one of:
+
+* ``auto``      the partition policy lists it under ``Auto=``: do it;
+* ``approve``   listed under ``Approve=``: wait for ``artemis approve``;
+* ``recommend`` not allowed, or refused for a stated reason (budget spent,
+  cooldown, no root-side corroboration, kill switch): written into the
+  escalation, never silently dropped.
+
+Hard actions (drain, requeue) need corroboration a job owner cannot fake
+(``corroborated``): telemetry from a node event sent with root or SlurmUser
+credentials, or — with ``HardActionEvidence=root_or_probe`` — the matched probe
+agreeing.  Probe results travel in the job's own reports, so trusting them
+means trusting the job's owner; the default is ``root``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from artemisd.config import PartitionPolicy
+from artemisd.incident import Cause, Incident
+
+Mode = Literal["auto", "approve", "recommend"]
+HARD_ACTIONS = frozenset({"drain", "requeue"})
+
+LADDERS: dict[str, tuple[str, ...]] = {
+    "correct": ("correct", "drain", "escalate"),
+    "rebalance": ("rebalance", "escalate"),
+    "drain": ("drain", "escalate"),
+    "requeue": ("drain", "escalate"),
+    "constrain": ("drain", "escalate"),
+    "escalate": ("escalate",),
+    "recommend": ("escalate",),
+    "none": ("escalate",),
+}
+
+# Root-side telemetry thresholds: the node check must see the fault itself.
+# They mirror localize.py's (a clock below 92 % of its maximum has stopped
+# boosting; a power limit 3 % under the default was lowered on purpose).
+CLOCK_DROP = 0.92
+POWER_LIMIT_DROP = 0.97
+THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake"})
+CLOCK_REASONS = frozenset({"applications_clocks", "hw_slowdown"})
+# TCP retransmits (or fabric retries) per second that a healthy node does not show.
+RETRANSMITS_PER_S = 5.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    mode: Mode
+    why: str
+
+
+def ladder(proposed: str | None) -> tuple[str, ...]:
+    return LADDERS.get(proposed or "escalate", ("escalate",))
+
+
+def mode_of(policy: PartitionPolicy, kind: str) -> Mode:
+    if kind in policy.auto:
+        return "auto"
+    if kind in policy.approve:
+        return "approve"
+    return "recommend"
+
+
+def decide(
+    kind: str,
+    policy: PartitionPolicy,
+    *,
+    target: str | None,
+    corroboration: tuple[bool, str] = (True, ""),
+    budget: tuple[bool, str] = (True, ""),
+    cooldown_left: float = 0.0,
+) -> Decision:
+    """One rung, judged: may it run, wait for a person, or only be recommended?"""
+    if kind != "escalate" and target is None:
+        return Decision(kind, "recommend", f"{kind} needs a target the incident does not name")
+    mode = mode_of(policy, kind)
+    if kind == "escalate":
+        # Escalation only tells people; it is never withheld.
+        return Decision(kind, "auto", "escalation is always allowed")
+    if mode == "recommend":
+        return Decision(kind, mode, f"{kind} is not allowed by PartitionPolicy={policy.name}")
+    if kind in HARD_ACTIONS and not corroboration[0]:
+        return Decision(kind, "recommend", f"{kind} needs root-side corroboration: {corroboration[1]}")
+    if kind == "drain" and not budget[0]:
+        return Decision(kind, "recommend", budget[1])
+    if cooldown_left > 0:
+        return Decision(kind, "recommend", f"{target} is in its cooldown for {cooldown_left:.0f} s more")
+    return Decision(kind, mode, f"{kind} is {'automatic' if mode == 'auto' else 'approval-only'} "
+                                f"in PartitionPolicy={policy.name}")
+
+
+def drain_budget(policy: PartitionPolicy, partition_size: int, drained_by_artemis: int,
+                 drains_last_hour: int) -> tuple[bool, str]:
+    """May one more node of this partition be drained?
+
+    ``drained_by_artemis`` counts the partition's nodes Artemis holds drained
+    (including drains decided but not yet performed), so a storm of incidents
+    decided one after another can never overshoot.
+    """
+    allowed = int(policy.max_drain_fraction * partition_size)
+    if drained_by_artemis + 1 > allowed:
+        return False, (f"drain budget spent: {drained_by_artemis} of {partition_size} nodes drained, "
+                       f"MaxDrainFraction={policy.max_drain_fraction} allows {allowed}")
+    if drains_last_hour + 1 > policy.max_drains_per_hour:
+        return False, (f"drain budget spent: {drains_last_hour} drains in the last hour, "
+                       f"MaxDrainsPerHour={policy.max_drains_per_hour}")
+    return True, ""
+
+
+def _gpus_of(event: dict[str, Any], gpu: int | None) -> list[dict[str, Any]]:
+    gpus = [g for g in event.get("gpus") or [] if isinstance(g, dict)]
+    chosen = [g for g in gpus if gpu is not None and g.get("index") == gpu]
+    return chosen or gpus
+
+
+def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None) -> str | None:
+    """What the root-side node event shows for ``cause``; None if it does not show it."""
+    for g in _gpus_of(event, gpu):
+        reasons = set(g.get("throttle") or ())
+        clock, top = g.get("sm_clock_mhz"), g.get("max_sm_clock_mhz")
+        limit, default = g.get("power_limit_w"), g.get("default_power_limit_w")
+        idx = g.get("index")
+        if cause is Cause.GPU_THERMAL and reasons & THERMAL_REASONS:
+            return f"gpu {idx} thermal throttle {sorted(reasons & THERMAL_REASONS)}"
+        if cause is Cause.GPU_POWER:
+            if reasons & POWER_REASONS:
+                return f"gpu {idx} power throttle {sorted(reasons & POWER_REASONS)}"
+            if limit is not None and default and limit < POWER_LIMIT_DROP * default:
+                return f"gpu {idx} power limit {limit} W below default {default} W"
+        if cause is Cause.GPU_CLOCKS:
+            if reasons & CLOCK_REASONS:
+                return f"gpu {idx} clock event {sorted(reasons & CLOCK_REASONS)}"
+            if clock is not None and top and clock < CLOCK_DROP * top:
+                return f"gpu {idx} SM clock {clock} MHz of {top} MHz"
+    if cause is Cause.COMM_LINK:
+        retrans = (event.get("host") or {}).get("net_retransmits_per_s")
+        if retrans is not None and retrans >= RETRANSMITS_PER_S:
+            return f"{retrans:.0f} retransmits/s"
+    return None
+
+
+def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
+    wanted = "probe.p2p_ms" if incident.cause is Cause.COMM_LINK else "probe.gemm_ms"
+    for item in incident.evidence:
+        if item.signal == wanted and isinstance(item.value, int | float) and isinstance(item.peers, int | float) \
+                and item.peers > 0 and item.value / item.peers >= 1.0 + slowdown:
+            return f"matched probe {wanted} {item.value} vs peers {item.peers}"
+    return None
+
+
+def corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
+                 max_age_s: float, mode: str, slowdown: float, gpu: int | None = None) -> tuple[bool, str]:
+    """Is the incident's cause confirmed by evidence its job's owner cannot forge?"""
+    if incident.cause in (Cause.GPU_THERMAL, Cause.GPU_POWER, Cause.GPU_CLOCKS, Cause.COMM_LINK):
+        if node_event is not None and age_s is not None and age_s <= max_age_s:
+            seen = _root_agrees(incident.cause, node_event, gpu)
+            if seen:
+                return True, f"root-side node check on {incident.node}: {seen}"
+        if mode == "root_or_probe":
+            seen = _probe_agrees(incident, slowdown)
+            if seen:
+                return True, seen
+        if node_event is None:
+            return False, f"no root-side node event from {incident.node}"
+        if age_s is not None and age_s > max_age_s:
+            return False, f"root-side evidence from {incident.node} is {age_s:.0f} s old (EvidenceMaxAge={max_age_s:.0f})"
+        return False, f"root-side node check on {incident.node} does not show {incident.cause.value}"
+    return False, f"cause {incident.cause.value} is not a hardware fault a drain can fix"

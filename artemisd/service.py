@@ -1,0 +1,795 @@
+"""The daemon's loop: ingest → analyze → decide → act → verify, every step recorded.
+
+``Daemon`` owns the analyzer, the store, the Slurm actuator and the policy.
+The HTTP layer (server.py) only authenticates and hands records in; a timer
+calls ``run_once``, which is also what tests drive step by step.
+
+Incident life in the daemon (states from ``IncidentState``)::
+
+    analyzer: suspect -> confirmed | dismissed
+    daemon:   confirmed --decide--> acting (auto rung) | escalated (approval / escalate rung)
+              acting    --action done--> verifying --verify--> resolved | unresolved
+              unresolved --roll back reversible, next rung--> acting | escalated
+              escalated --approve--> acting;  --deny--> next rung
+              confirmed / escalated / unresolved --subject healthy again--> resolved
+
+Restart (``restore``): stored incidents are authoritative.  The bounded window
+history is fed through a fresh ``Analyzer`` (the replay path) to rebuild its
+baselines and watched subjects; each incident it re-creates is bound to the
+stored incident of the same subject instead of being published again.
+Actions are recorded as intent before Slurm is touched; open ones are re-run
+through the idempotent actuator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from artemisd import mail, policy, verify
+from artemisd.act import Actuator, Outcome, drain_reason
+from artemisd.auth import Principal
+from artemisd.config import Config
+from artemisd.incident import Action, Incident, IncidentState, Result
+from artemisd.metrics import Metrics
+from artemisd.pipeline import Analyzer
+from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
+from artemisd.store import ActionRow, Store, StoredIncident
+from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
+
+S = IncidentState
+FINAL = (S.RESOLVED.value, S.DISMISSED.value)
+REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": False,
+              "constrain": False, "escalate": False}
+CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
+PARTITION_CACHE_S = 60.0
+MAX_ITEMS_PER_REQUEST = 100_000
+
+log = structlog.get_logger("artemisd")
+
+
+class IngestError(ValueError):
+    """The request body as a whole is unreadable (HTTP 400)."""
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    directives: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "rejected": self.rejected, "directives": self.directives}
+
+
+def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
+    """A JSON array or JSON Lines -> [(index, value or None, error)]; a bad line is a per-item error."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise IngestError(f"body is not a JSON array: {err.msg} at line {err.lineno} column {err.colno}") from None
+        if not isinstance(items, list):
+            raise IngestError("body is not a JSON array")
+        if len(items) > MAX_ITEMS_PER_REQUEST:
+            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
+        return [(i, item, None) for i, item in enumerate(items)]
+    out: list[tuple[int, Any, str | None]] = []
+    for i, line in enumerate(text.splitlines()):
+        if i >= MAX_ITEMS_PER_REQUEST:
+            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
+        try:
+            out.append((i, json.loads(line), None))
+        except json.JSONDecodeError as err:
+            out.append((i, None, f"not JSON: {err.msg} at column {err.colno}"))
+    return out
+
+
+def subject_of(inc: Incident) -> str:
+    return "|".join(str(x) for x in (inc.job, inc.kind.value, inc.rank, inc.node, inc.link, inc.island))
+
+
+class Daemon:
+    def __init__(self, config: Config, slurm: SlurmBackend, clock: Callable[[], float] = time.time):
+        self.config = config
+        self.slurm = slurm
+        self.actuator = Actuator(slurm)
+        self.clock = clock
+        self.metrics = Metrics()
+        self.store = Store(Path(config.daemon.state_dir) / "artemis.db")
+        self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
+        self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
+        self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
+        self._partition_nodes: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._last_report: dict[tuple[str, int], tuple[str, str, int | None]] = {}  # -> step, node, gpu
+        self._steps: dict[str, str] = {}
+        self._window_count: dict[str, int] = {}
+        self._restoring = False
+        self.restore()
+
+    # --- configuration ---------------------------------------------------
+
+    def reload(self, config: Config) -> None:
+        """SIGHUP: new policy, mail, limits.  Listen/StateDir/analysis need a restart."""
+        self.config = config
+        log.info("config reloaded", policies=len(config.policies), dry_run=config.daemon.dry_run,
+                 enabled=config.daemon.enabled)
+
+    # --- restart ------------------------------------------------------------
+
+    def restore(self) -> None:
+        stored = self.store.incidents()
+        by_subject: dict[str, list[StoredIncident]] = {}
+        for inc in stored:
+            by_subject.setdefault(inc.subject, []).append(inc)
+        self._restoring = True
+        fed = 0
+        try:
+            for rec in self.store.records():
+                try:
+                    record = parse_record(rec.body)
+                except ReportError:
+                    continue
+                self._remember(record)
+                for update in self.analyzer.ingest(record):
+                    self._bind_restored(update, by_subject)
+                fed += 1
+            self.analyzer.pending_probes()  # already issued (or refused) before the restart
+        finally:
+            self._restoring = False
+        if fed or stored:
+            log.info("state restored", records=fed, incidents=len(stored), bound=len(self._bound))
+        self._update_gauges()
+
+    def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
+        if update.id in self._bound:
+            return
+        bound = set(self._bound.values())
+        for inc in by_subject.get(subject_of(update), []):
+            if inc.id not in bound:
+                self._bound[update.id] = inc.id
+                return
+        # Re-created under a subject it had before a rank->node re-key: match by analyzer id.
+        for incs in by_subject.values():
+            for inc in incs:
+                if inc.analyzer_id == update.id and inc.id not in bound:
+                    self._bound[update.id] = inc.id
+                    return
+
+    # --- ingest -------------------------------------------------------------
+
+    def validate(self, items: list[tuple[int, Any, str | None]]) -> tuple[list[tuple[int, WindowReport | NodeEvent, Any]], list[dict[str, Any]]]:
+        good: list[tuple[int, WindowReport | NodeEvent, Any]] = []
+        bad: list[dict[str, Any]] = []
+        for index, obj, error in items:
+            if error is not None:
+                bad.append({"index": index, "error": error})
+                continue
+            try:
+                good.append((index, parse_record(obj), obj))
+            except ReportError as err:
+                bad.append({"index": index, "error": "; ".join(f"{p or '<record>'}: {r}" for p, r in err.problems)})
+        return good, bad
+
+    def jobs_needing_owner_check(self, principal: Principal, records: Iterable[tuple[int, Any, Any]]) -> set[str]:
+        if principal.root_side:
+            return set()
+        return {rec.job for _, rec, _ in records if rec.job is not None}
+
+    async def owners(self, jobs: set[str]) -> dict[str, int | None]:
+        """uid owning each job, asked of Slurm (cached ``JobCacheSeconds``)."""
+        out: dict[str, int | None] = {}
+        for job in jobs:
+            info = await self.job_info(job)
+            out[job] = info.user_id if info else None
+        return out
+
+    async def job_info(self, job: str, fresh: bool = False) -> JobInfo | None:
+        now = self.clock()
+        cached = self._job_info.get(job)
+        if cached and not fresh and now - cached[0] < self.config.daemon.job_cache_seconds:
+            return cached[1]
+        try:
+            info = await asyncio.to_thread(self.slurm.job, job)
+        except SlurmError as err:
+            self.metrics.backend_errors.labels("slurm").inc()
+            log.warning("slurm job lookup failed", job=job, error=str(err))
+            return cached[1] if cached else None
+        self._job_info[job] = (now, info)
+        if info is not None:
+            self.store.set_job_owner(job, info.user_id, info.partition)
+        return info
+
+    def accept(self, records: list[tuple[int, WindowReport | NodeEvent, Any]], principal: Principal,
+               owners: dict[str, int | None] | None = None, rejected: list[dict[str, Any]] | None = None) -> IngestResult:
+        """Store and analyze validated records; a record for a job the sender does not own is rejected."""
+        now = self.clock()
+        result = IngestResult(rejected=list(rejected or []))
+        rows = []
+        kept: list[WindowReport | NodeEvent] = []
+        for index, rec, raw in records:
+            problem = self._not_allowed(rec, principal, owners or {})
+            if problem:
+                result.rejected.append({"index": index, "error": problem})
+                continue
+            window = rec.window.seq if isinstance(rec, WindowReport) else None
+            body = raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"))
+            rows.append((rec.job, window, rec.node, now, principal.uid, principal.root_side, body))
+            kept.append(rec)
+            if isinstance(rec, NodeEvent) and principal.root_side:
+                self.store.set_node_evidence(rec.node, now, principal.uid, body)
+        if rows:
+            self.store.add_records(rows)
+        steps: set[tuple[str, str]] = set()
+        for rec in kept:
+            self._remember(rec)
+            if isinstance(rec, WindowReport):
+                steps.add(rec.job_key)
+                if rec.probe is not None:
+                    self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
+                    if rec.probe.cost_ms:
+                        self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
+            for update in self.analyzer.ingest(rec):
+                self._publish(update, now)
+        self._issue_probes(now)
+        self._prune(kept)
+        result.accepted = len(kept)
+        self.metrics.reports.labels("accepted").inc(len(kept))
+        self.metrics.reports.labels("rejected").inc(len(result.rejected))
+        for job, step in sorted(steps):
+            result.directives.extend(self.store.directives_for(job, step, now))
+        return result
+
+    def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal, owners: dict[str, int | None]) -> str | None:
+        if principal.root_side:
+            return None
+        if rec.job is None:
+            return "job: node events without a job need root or SlurmUser credentials"
+        owner = owners.get(rec.job)
+        if owner is None:
+            return f"job: {rec.job} is not known to Slurm"
+        if owner != principal.uid:
+            return f"job: {rec.job} is not owned by {principal.who}"
+        return None
+
+    def _remember(self, rec: WindowReport | NodeEvent) -> None:
+        if isinstance(rec, WindowReport):
+            gpu = rec.device.index if rec.device is not None else None
+            self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
+            self._steps[rec.job] = rec.step
+
+    def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
+        keep = self.config.daemon.history_windows_kept
+        for rec in kept:
+            if isinstance(rec, WindowReport) and rec.rank == 0:
+                count = self._window_count[rec.job] = self._window_count.get(rec.job, 0) + 1
+                if count % max(1, keep // 4) == 0:
+                    self.store.prune_records(rec.job, keep)
+
+    # --- incidents from the analyzer ------------------------------------------
+
+    def _publish(self, update: Incident, now: float) -> None:
+        if self._restoring:
+            return
+        daemon_id = self._bound.get(update.id)
+        stored = self.store.incident(daemon_id) if daemon_id else None
+        if stored is None:
+            if update.state is S.DISMISSED:
+                return  # never published as suspect (e.g. absorbed before we saw it)
+            # An ongoing incident whose history was pruned before a restart: same subject, not final.
+            for inc in self.store.incidents():
+                if inc.subject == subject_of(update) and inc.state not in FINAL and inc.id not in self._bound.values():
+                    stored = inc
+                    break
+        if stored is None:
+            daemon_id = self.store.next_id("incident", "INC-")
+            body = update.model_copy(update={"id": daemon_id}).contract_dict()
+            stored = StoredIncident(daemon_id, update.job, self._steps.get(update.job, "0"), update.state.value,
+                                    subject_of(update), update.id, 0, None, None, False, body, now, now)
+        self._bound[update.id] = stored.id
+        inc = Incident.model_validate(stored.body)
+        analysis = update.model_dump(exclude={"id", "state", "action", "result"})
+        for key, value in analysis.items():
+            setattr(inc, key, value)
+        if inc.state in (S.SUSPECT,) and update.state is not inc.state:
+            inc.advance(update.state)
+        if inc.action is None or (inc.action.status == "proposed" and stored.plan_step == 0):
+            inc.action = update.action
+        if inc.state is S.CONFIRMED and stored.state == S.SUSPECT.value:
+            stored.decide = True
+            stored.baseline = verify.baseline(self.analyzer.throughput(inc.job, stored.step or "0"),
+                                              inc.onset_window)
+            self._audit(inc.id, "analyzer", "confirmed", f"{inc.cause.value} confidence {inc.confidence}",
+                        json.dumps([e.model_dump() for e in inc.evidence])[:2000], now=now)
+        self._save(stored, inc)
+
+    def _save(self, stored: StoredIncident, inc: Incident) -> None:
+        stored.state = inc.state.value
+        stored.subject = subject_of(inc)
+        stored.body = inc.contract_dict()
+        self.store.save_incident(stored)
+
+    def _audit(self, incident: str | None, who: str, what: str, why: str = "", result: str = "",
+               action: int | None = None, now: float | None = None) -> None:
+        self.store.audit(who, what, why, result, incident=incident, action=action, now=now)
+        log.info(what, incident=incident, who=who, why=why, result=result)
+
+    # --- active confirmation ----------------------------------------------------
+
+    def _issue_probes(self, now: float) -> None:
+        for req in self.analyzer.pending_probes():
+            daemon_incident = self._bound.get(req.incident)
+            pol = self.config.policy_for(self.store.job_partition(req.job))
+            refused = self._probe_refusal(req.job, now, pol.probe)
+            if refused:
+                self.metrics.probes.labels("refused").inc()
+                self._audit(daemon_incident, "policy", f"probe {req.id} not sent", refused, now=now)
+                continue
+            body = {"type": "probe", "id": req.id, "job": req.job, "step": req.step}
+            self.store.add_directive(req.id, "probe", req.job, req.step, daemon_incident, body, now,
+                                     now + self.config.daemon.probe_timeout)
+            self.metrics.probes.labels("issued").inc()
+            self._audit(daemon_incident, "daemon", f"probe {req.id} requested", req.reason, now=now)
+
+    def _probe_refusal(self, job: str, now: float, allowed: bool) -> str | None:
+        d = self.config.daemon
+        if not allowed:
+            return "Probe=no in the partition policy"
+        if not d.enabled or d.dry_run:
+            return "Enabled=no" if not d.enabled else "DryRun=yes"
+        times = self.store.probe_times(job)
+        if times and now - times[-1] < d.probe_min_interval:
+            return f"rate limit: last probe {now - times[-1]:.0f} s ago (ProbeMinInterval={d.probe_min_interval:.0f})"
+        if sum(1 for t in times if now - t < 3600) >= d.probe_max_per_hour:
+            return f"rate limit: {d.probe_max_per_hour} probes in the last hour (ProbeMaxPerHour)"
+        return None
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run_once(self) -> None:
+        """One turn: decide what confirmed incidents get, run due actions, verify, close recovered ones."""
+        now = self.clock()
+        for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED]):
+            if stored.decide:
+                await self._decide(stored, now)
+        for row in self.store.due_actions(now):
+            await self._run_action(row)
+        for stored in self.store.incidents(states=[S.VERIFYING]):
+            self._verify(stored, now)
+        for stored in self.store.incidents(states=[S.CONFIRMED, S.ESCALATED, S.UNRESOLVED]):
+            self._close_if_recovered(stored, now)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        counts: dict[str, int] = {s.value: 0 for s in S}
+        for (state, n) in self.store.db.execute("SELECT state, COUNT(*) FROM incidents GROUP BY state"):
+            counts[state] = n
+        for state, n in counts.items():
+            self.metrics.incidents.labels(state).set(n)
+
+    # --- decide ------------------------------------------------------------------------
+
+    async def _decide(self, stored: StoredIncident, now: float) -> None:
+        # Ask Slurm first; then re-read the incident, which ingest may have updated meanwhile.
+        info = await self.job_info(stored.job)
+        partition = info.partition if info else self.store.job_partition(stored.job)
+        nodes = await self._nodes_of(partition)
+        fresh = self.store.incident(stored.id)
+        if fresh is None or not fresh.decide:
+            return
+        stored = fresh
+        inc = Incident.model_validate(stored.body)
+        pol = self.config.policy_for(partition)
+        rungs = policy.ladder(inc.action.kind if inc.action else None)
+        recommended: list[str] = []
+        d = self.config.daemon
+        while stored.plan_step < len(rungs):
+            kind = rungs[stored.plan_step]
+            stored.plan_step += 1
+            target = self._target(inc, kind)
+            if kind == "escalate":
+                self._start_escalation(stored, inc, recommended, now)
+                return
+            if not d.enabled:
+                decision = policy.Decision(kind, "recommend", "Enabled=no: the kill switch is on")
+            else:
+                decision = policy.decide(
+                    kind, pol, target=target,
+                    corroboration=self._corroboration(inc, now) if kind in policy.HARD_ACTIONS else (True, ""),
+                    budget=self._drain_budget(pol, partition, nodes, now) if kind == "drain" else (True, ""),
+                    cooldown_left=self._cooldown_left(target, inc.id, pol.cooldown, now) if target else 0.0)
+            self._audit(inc.id, "policy", f"{kind} {target or ''}: {decision.mode}", decision.why, now=now)
+            if decision.mode == "recommend":
+                recommended.append(f"{kind} {target or ''}".strip() + f" ({decision.why})")
+                continue
+            if d.dry_run:
+                inc.action = Action(kind=kind, target=target, status="proposed", reversible=REVERSIBLE[kind])
+                stored.decide = False
+                self._audit(inc.id, "daemon", f"dry-run: would {kind} {target}", decision.why, now=now)
+                self._save(stored, inc)
+                return
+            status = "queued" if decision.mode == "auto" else "pending_approval"
+            action_id = self.store.add_action(inc.id, kind, target, self._params(inc, kind, stored), status, now)
+            inc.action = Action(kind=kind, target=target, reversible=REVERSIBLE[kind],
+                                status="running" if status == "queued" else "pending_approval")
+            stored.decide = False
+            if decision.mode == "auto":
+                inc.advance(S.ACTING)
+                self._save(stored, inc)
+            else:
+                if inc.state is not S.ESCALATED:
+                    inc.advance(S.ESCALATED)
+                self._save(stored, inc)
+                self._queue_escalate(stored, inc, f"{kind} {target} awaits approval "
+                                     f"(artemis approve {inc.id})", recommended, now)
+            return
+        # Ladder exhausted without an escalate rung (cannot happen with LADDERS); stay visible.
+        stored.decide = False
+        self._save(stored, inc)
+
+    def _target(self, inc: Incident, kind: str) -> str | None:
+        if kind in ("drain", "correct"):
+            return inc.node
+        if kind == "rebalance":
+            return f"{inc.job}:{inc.rank}" if inc.rank is not None else None
+        return inc.job
+
+    def _params(self, inc: Incident, kind: str, stored: StoredIncident) -> dict[str, Any]:
+        step = stored.step or "0"
+        if kind == "rebalance" and inc.rank is not None:
+            share = round(min(1.0, 1.0 / max(inc.ratio or 1.0, 1e-6)), 3)
+            return {"job": inc.job, "step": step, "shares": {str(inc.rank): share}}
+        if kind == "correct":
+            gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
+            kind_name = "restore_power_limit" if inc.cause.value == "gpu.power" else "reset_clocks"
+            return {"node": inc.node, "kind": kind_name, "gpu": gpu}
+        if kind == "drain":
+            return {"node": inc.node, "job": inc.job,
+                    "reason": drain_reason(inc.id, inc.cause.value, inc.rank, inc.ratio)}
+        return {"job": inc.job}
+
+    def _corroboration(self, inc: Incident, now: float) -> tuple[bool, str]:
+        evidence = self.store.node_evidence(inc.node) if inc.node else None
+        gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
+        d = self.config.daemon
+        return policy.corroborated(inc, evidence[1] if evidence else None,
+                                   now - evidence[0] if evidence else None, d.evidence_max_age,
+                                   d.hard_action_evidence, self.config.analysis.min_slowdown, gpu)
+
+    def _drain_budget(self, pol, partition: str | None, nodes: tuple[str, ...], now: float) -> tuple[bool, str]:
+        if not nodes:
+            return False, f"drain budget unknown: the nodes of partition {partition!r} could not be listed"
+        drained = self.store.drained_nodes() & set(nodes)
+        return policy.drain_budget(pol, len(nodes), len(drained), self.store.drains_since(now - 3600, nodes))
+
+    async def _nodes_of(self, partition: str | None) -> tuple[str, ...]:
+        if not partition:
+            return ()
+        now = self.clock()
+        cached = self._partition_nodes.get(partition)
+        if cached and now - cached[0] < PARTITION_CACHE_S:
+            return cached[1]
+        try:
+            nodes = await asyncio.to_thread(self.slurm.partition_nodes, partition)
+        except SlurmError as err:
+            self.metrics.backend_errors.labels("slurm").inc()
+            log.warning("slurm partition lookup failed", partition=partition, error=str(err))
+            return cached[1] if cached else ()
+        self._partition_nodes[partition] = (now, nodes)
+        return nodes
+
+    def _cooldown_left(self, target: str, incident_id: str, cooldown: float, now: float) -> float:
+        last = self.store.last_action_on(target, incident_id)
+        return max(0.0, last + cooldown - now) if last is not None else 0.0
+
+    # --- escalation ----------------------------------------------------------------------
+
+    def _start_escalation(self, stored: StoredIncident, inc: Incident, recommended: list[str], now: float) -> None:
+        stored.decide = False
+        inc.action = Action(kind="escalate", target=inc.job, status="running")
+        if inc.state is not S.ESCALATED:
+            inc.advance(S.ESCALATED)
+        self._save(stored, inc)
+        self._queue_escalate(stored, inc, "needs a person", recommended, now)
+
+    def _queue_escalate(self, stored: StoredIncident, inc: Incident, headline: str, recommended: list[str],
+                        now: float) -> int | None:
+        if self.config.daemon.dry_run:
+            self._audit(inc.id, "daemon", "dry-run: would escalate", headline, now=now)
+            return None
+        subject = f"{inc.id} {inc.cause.value} {self._where(inc)}: {headline}"
+        comment = f"artemis: {inc.id} {inc.cause.value} {self._where(inc)}"
+        if inc.ratio:
+            comment += f" {inc.ratio:.2f}x"
+        comment += f": {headline}"
+        lines = [f"Incident {inc.id} on job {inc.job}: {headline}.", "",
+                 f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
+                 f"where: {self._where(inc)}",
+                 f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput",
+                 "", "evidence:"]
+        lines += [f"  {e.signal}: {e.value} (peers {e.peers}) {e.note}" for e in inc.evidence]
+        if recommended:
+            lines += ["", "recommended (not done automatically):"] + [f"  {r}" for r in recommended]
+        lines += ["", f"artemis show {inc.id}   artemis approve|deny {inc.id}"]
+        params = {"job": inc.job, "comment": comment, "subject": subject, "text": "\n".join(lines),
+                  "comment_done": False, "mail_done": False}
+        return self.store.add_action(inc.id, "escalate", inc.job, params, "queued", now)
+
+    @staticmethod
+    def _where(inc: Incident) -> str:
+        parts = []
+        if inc.rank is not None:
+            parts.append(f"rank {inc.rank}")
+        if inc.node:
+            parts.append(f"node {inc.node}")
+        if inc.link:
+            parts.append(f"link {inc.link}")
+        return " ".join(parts) or f"job {inc.job}"
+
+    # --- actions ------------------------------------------------------------------------------
+
+    async def _run_action(self, row: ActionRow) -> None:
+        stored = self.store.incident(row.incident)
+        if stored is None:
+            self.store.update_action(row.id, "failed", "incident vanished")
+            return
+        now = self.clock()
+        if row.kind != "escalate" and not self.config.daemon.enabled:
+            self.store.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
+            self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
+            await self._after_action(row, Outcome("skipped", "kill switch"), now)
+            return
+        if row.kind == "correct" and row.status == "running":
+            await self._check_correction(row, now)
+            return
+        # Intent first: a crash after this line re-runs the action through the idempotent path.
+        self.store.update_action(row.id, "running", row.detail, attempt=True)
+        try:
+            outcome = await self._perform(row, stored, now)
+        except (SlurmError, mail.MailError) as err:
+            backend = "smtp" if isinstance(err, mail.MailError) else "slurm"
+            self.metrics.backend_errors.labels(backend).inc()
+            permanent = isinstance(err, SlurmError) and not err.transient
+            if permanent:
+                outcome = Outcome("failed", str(err))
+            else:
+                delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
+                self.store.update_action(row.id, "running", str(err), next_try=now + delay)
+                self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
+                            f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
+                self.metrics.actions.labels(row.kind, "retry").inc()
+                return
+        if outcome.status == "waiting":
+            return
+        self.store.update_action(row.id, outcome.status, outcome.detail)
+        self.metrics.actions.labels(row.kind, outcome.status).inc()
+        self._audit(row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}",
+                    action=row.id)
+        await self._after_action(row, outcome, now)
+
+    async def _perform(self, row: ActionRow, stored: StoredIncident, now: float) -> Outcome:
+        p = row.params
+        if row.kind == "drain":
+            return await asyncio.to_thread(self.actuator.drain, p["node"], p["reason"])
+        if row.kind == "requeue":
+            return await asyncio.to_thread(self.actuator.requeue_excluding, p["job"], p["node"])
+        if row.kind == "constrain":
+            return await asyncio.to_thread(self.actuator.constrain, p["job"], p["feature"])
+        if row.kind == "undrain":
+            return await asyncio.to_thread(self.actuator.undrain, p["node"], row.incident)
+        if row.kind == "rebalance":
+            directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
+                         "job": p["job"], "step": p["step"], "shares": p["shares"]}
+            self.store.add_directive(directive["id"], "rebalance", p["job"], p["step"], row.incident,
+                                     directive, now, None)
+            return Outcome("done", f"{directive['id']} shares {p['shares']}")
+        if row.kind == "correct":
+            cid = self.store.next_id("correction", "COR-")
+            self.store.add_correction(cid, row.incident, p["node"], p["kind"], p.get("gpu"), now)
+            self.store.set_action_params(row.id, {**p, "correction": cid, "queued_at": now})
+            self._audit(row.incident, "daemon", f"correction {cid} queued", f"{p['kind']} on {p['node']}",
+                        action=row.id)
+            return Outcome("waiting", cid)  # the node check reports back (correction_result)
+        if row.kind == "escalate":
+            return await self._escalate(row)
+        return Outcome("failed", f"unknown action kind {row.kind}")
+
+    async def _escalate(self, row: ActionRow) -> Outcome:
+        p = dict(row.params)
+        details = []
+        if not p.get("comment_done"):
+            if self.config.daemon.enabled:
+                out = await asyncio.to_thread(self.actuator.comment, p["job"], row.incident, p["comment"])
+                details.append(f"AdminComment: {out.detail}")
+            else:
+                details.append("AdminComment not set: Enabled=no")
+            p["comment_done"] = True
+            self.store.set_action_params(row.id, p)
+        if not p.get("mail_done"):
+            sent = await asyncio.to_thread(mail.send, self.config.mail, p["subject"], p["text"],
+                                           f"artemis.{row.incident}.{row.id}")
+            details.append("mail sent" if sent else "no mail relay/recipients configured")
+            p["mail_done"] = True
+            self.store.set_action_params(row.id, p)
+        return Outcome("done", "; ".join(details) or "already escalated")
+
+    async def _check_correction(self, row: ActionRow, now: float) -> None:
+        cid = row.params.get("correction")
+        if cid is None:  # crashed between intent and queueing: queue it now
+            self.store.update_action(row.id, "queued", row.detail)
+            return
+        queued_at = row.params.get("queued_at", now)
+        if now - queued_at > CORRECTION_TIMEOUT_S and (self.store.correction(cid) or {}).get("status") == "pending":
+            self.store.set_correction(cid, "expired", "no node check picked it up")
+            await self.correction_result(cid, "failed",
+                                         f"no node check applied it within {CORRECTION_TIMEOUT_S:.0f} s", "daemon")
+
+    async def correction_result(self, correction_id: str, status: str, detail: str, who: str) -> bool:
+        """The node check applied (or failed to apply) a correction; the action completes."""
+        cor = self.store.correction(correction_id)
+        if cor is None:
+            return False
+        self.store.set_correction(correction_id, status, detail)
+        self._audit(cor["incident"], who, f"correction {correction_id} {status}", cor["kind"], detail)
+        for row in self.store.actions_of(cor["incident"]):
+            if row.kind == "correct" and row.params.get("correction") == correction_id and row.status == "running":
+                outcome = Outcome("done" if status == "done" else "failed", detail)
+                self.store.update_action(row.id, outcome.status, detail)
+                self.metrics.actions.labels("correct", outcome.status).inc()
+                await self._after_action(row, outcome, self.clock())
+        return True
+
+    async def _after_action(self, row: ActionRow, outcome: Outcome, now: float) -> None:
+        # Slurm first (it awaits), then the incident as it is now.
+        info = await self.job_info(row.params.get("job") or "", fresh=True) if row.kind in ("drain", "requeue") else None
+        stored = self.store.incident(row.incident)
+        if stored is None:
+            return
+        inc = Incident.model_validate(stored.body)
+        if row.kind == "escalate":
+            if inc.action is not None and inc.action.kind == "escalate":
+                inc.action.status = "done" if outcome.status == "done" else "failed"
+                self._save(stored, inc)
+            return
+        if row.kind == "undrain":
+            return
+        if inc.state not in (S.ACTING,):
+            return  # e.g. closed while the action was in flight
+        if outcome.status == "done" and row.kind == "drain":
+            self._follow_drain(stored, inc, info, now)
+            return
+        if outcome.status == "done" and row.kind == "requeue":
+            pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
+            if pol.constraint and policy.mode_of(pol, "constrain") != "recommend":
+                self.store.add_action(inc.id, "constrain", inc.job, {"job": inc.job, "feature": pol.constraint},
+                                      "queued", now)
+                return
+        if outcome.status == "done":
+            if inc.action is not None:
+                inc.action.status = "done"
+            stored.action_window = self._last_window(inc, stored)
+            inc.advance(S.VERIFYING)
+            self._save(stored, inc)
+            return
+        # failed or skipped: this rung did not happen; the next one is decided.
+        if inc.action is not None:
+            inc.action.status = "failed" if outcome.status == "failed" else "skipped"
+        inc.advance(S.UNRESOLVED)
+        stored.decide = True
+        self._save(stored, inc)
+
+    def _follow_drain(self, stored: StoredIncident, inc: Incident, info: JobInfo | None, now: float) -> None:
+        """The node is drained; the running job still sits on it: requeue it elsewhere, or escalate."""
+        pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
+        mode = policy.mode_of(pol, "requeue")
+        # Approving the drain rung approves its requeue too (one decision per rung).
+        approved_rung = any(a.kind == "drain" and a.params.get("approved_by") for a in self.store.actions_of(inc.id))
+        if mode == "auto" or (mode == "approve" and approved_rung):
+            self.store.add_action(inc.id, "requeue", inc.job, {"job": inc.job, "node": inc.node}, "queued", now)
+            return
+        if inc.action is not None:
+            inc.action.status = "done"
+        inc.advance(S.ESCALATED)
+        self._save(stored, inc)
+        why = "requeue is not allowed" if mode == "recommend" else "requeue needs approval"
+        self._queue_escalate(stored, inc, f"drained {inc.node}; the job still runs on it and needs a restart "
+                             f"({why})", [], now)
+
+    def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
+        series = self.analyzer.throughput(inc.job, stored.step or "0")
+        return series[-1][0] if series else None
+
+    # --- verify ---------------------------------------------------------------------------------
+
+    def _verify(self, stored: StoredIncident, now: float) -> None:
+        inc = Incident.model_validate(stored.body)
+        series = self.analyzer.throughput(inc.job, stored.step or "0")
+        after = [v for seq, v in series if stored.action_window is None or seq > stored.action_window]
+        # The first window after the action may straddle it: skip it.
+        verdict = verify.verify(stored.baseline, after[1:], self.config.daemon.verify_windows,
+                                self.config.daemon.recovery_fraction)
+        if not verdict.done:
+            return
+        inc.result = Result(throughput_before=verdict.before, throughput_after=round(verdict.after, 3)
+                            if verdict.after is not None else None, recovered=verdict.recovered)
+        if verdict.recovered:
+            inc.advance(S.RESOLVED)
+            self._audit(inc.id, "verify", "resolved", verdict.note, now=now)
+        else:
+            inc.advance(S.UNRESOLVED)
+            stored.decide = True
+            self._audit(inc.id, "verify", "unresolved", verdict.note, now=now)
+            self._roll_back(inc, now)
+            if inc.action is not None and inc.action.reversible:
+                inc.action.status = "rolled_back"
+        self._save(stored, inc)
+
+    def _roll_back(self, inc: Incident, now: float) -> None:
+        for row in self.store.actions_of(inc.id):
+            if row.status != "done":
+                continue
+            if row.kind == "rebalance":
+                directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
+                             "job": row.params["job"], "step": row.params["step"], "shares": {}}
+                self.store.add_directive(directive["id"], "rebalance", row.params["job"], row.params["step"],
+                                         inc.id, directive, now, None)
+                self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}")
+                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", "no recovery", now=now)
+            elif row.kind == "drain":
+                self.store.update_action(row.id, "rolled_back", "undrain queued")
+                self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now)
+                self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", "no recovery", now=now)
+
+    def _close_if_recovered(self, stored: StoredIncident, now: float) -> None:
+        if stored.analyzer_id is None or stored.state in FINAL:
+            return
+        analyzer_id = next((a for a, d in self._bound.items() if d == stored.id), None)
+        if analyzer_id is None or self.analyzer.subject_active(analyzer_id):
+            return
+        if any(r.status in ("queued", "running") and r.kind != "escalate" for r in self.store.actions_of(stored.id)):
+            return
+        inc = Incident.model_validate(stored.body)
+        for row in self.store.actions_of(stored.id):
+            if row.status == "pending_approval":
+                self.store.update_action(row.id, "skipped", "subject recovered before approval")
+        inc.advance(S.RESOLVED)
+        stored.decide = False
+        self._audit(inc.id, "analyzer", "resolved", "the subject has been healthy again for RecoverWindows windows",
+                    now=now)
+        self._save(stored, inc)
+
+    # --- people ------------------------------------------------------------------------------------
+
+    def approve(self, incident_id: str, principal: Principal, approve: bool) -> dict[str, Any]:
+        stored = self.store.incident(incident_id)
+        if stored is None:
+            raise KeyError(incident_id)
+        pending = [r for r in self.store.actions_of(incident_id) if r.status == "pending_approval"]
+        if not pending:
+            raise ValueError(f"{incident_id} has no action waiting for approval")
+        row = pending[-1]
+        inc = Incident.model_validate(stored.body)
+        now = self.clock()
+        if approve:
+            self.store.set_action_params(row.id, {**row.params, "approved_by": principal.who})
+            self.store.update_action(row.id, "queued", f"approved by {principal.who}")
+            inc.action = Action(kind=row.kind, target=row.target, status="running", reversible=REVERSIBLE[row.kind])
+            inc.advance(S.ACTING)
+        else:
+            self.store.update_action(row.id, "denied", f"denied by {principal.who}")
+            inc.action = Action(kind=row.kind, target=row.target, status="denied", reversible=REVERSIBLE[row.kind])
+            stored.decide = True  # next rung
+        self._audit(incident_id, principal.who, f"{'approved' if approve else 'denied'} {row.kind} {row.target}",
+                    now=now, action=row.id)
+        self._save(stored, inc)
+        return inc.contract_dict()

@@ -1,0 +1,172 @@
+"""SlurmBackend over the Slurm commands (the tested default).
+
+Reads use ``sinfo --json`` and ``squeue --json`` (openapi v0.0.38 on 22.05;
+``scontrol show … --json`` does not exist there) and fall back to ``sacct``
+for jobs that have left slurmctld's memory.  Writes use ``scontrol update``
+and, for a finished job's AdminComment, ``sacctmgr modify job`` (a running
+job's AdminComment reaches the accounting database only when it ends —
+design.md §5).  Hostlists are expanded with python-hostlist.
+
+The commands find the cluster the usual way (``SLURM_CONF`` or the
+configless DNS record), exactly as an admin's shell would.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+import hostlist
+
+from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError
+
+# Messages that mean the request itself is wrong, so retrying cannot help.
+_PERMANENT = ("invalid job id", "invalid node name", "invalid feature", "job is no longer pending",
+              "requested operation is presently disabled", "only batch jobs", "not requeueable",
+              "access/permission denied", "already completing or completed")
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """``n[1-3],x5`` -> ("n1", "n2", "n3", "x5"); empty and Slurm's "(null)" give ()."""
+    text = (text or "").strip()
+    if not text or text == "(null)":
+        return ()
+    return tuple(hostlist.expand_hostlist(text))
+
+
+def collect_hostlist(nodes: Sequence[str]) -> str:
+    return hostlist.collect_hostlist(list(nodes)) if nodes else ""
+
+
+class CliSlurm:
+    def __init__(self, timeout: float = 30.0, env: dict[str, str] | None = None):
+        self.timeout = timeout
+        self.env = env
+
+    # --- plumbing -------------------------------------------------------
+
+    def _run(self, *argv: str) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout,
+                                  env=self.env, check=False)
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]}: not installed", transient=False) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{' '.join(argv[:3])}: no answer in {self.timeout:.0f} s") from None
+        if proc.returncode != 0:
+            message = (proc.stderr or proc.stdout).strip().splitlines()
+            text = message[-1] if message else f"exit status {proc.returncode}"
+            permanent = any(p in text.lower() for p in _PERMANENT)
+            raise SlurmError(f"{' '.join(argv[:3])}: {text}", transient=not permanent)
+        return proc.stdout
+
+    def _json(self, *argv: str) -> dict[str, Any]:
+        out = self._run(*argv)
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError as err:
+            raise SlurmError(f"{argv[0]}: unreadable JSON ({err.msg})") from None
+
+    # --- reads ----------------------------------------------------------
+
+    def node(self, name: str) -> NodeInfo:
+        data = self._json("sinfo", "--json", "--nodes", name)
+        for entry in data.get("nodes", []):
+            if entry.get("name") == name:
+                return _node_from_json(entry)
+        raise SlurmError(f"sinfo: no node {name}", transient=False)
+
+    def partition_nodes(self, partition: str) -> tuple[str, ...]:
+        out = self._run("sinfo", "--noheader", "--partition", partition, "--format", "%N")
+        nodes: list[str] = []
+        for line in out.splitlines():
+            nodes.extend(expand_hostlist(line))
+        return tuple(dict.fromkeys(nodes))
+
+    def job(self, job_id: str) -> JobInfo | None:
+        data = self._json("squeue", "--json", "--jobs", job_id)
+        for entry in data.get("jobs", []):
+            if str(entry.get("job_id")) == job_id:
+                return _job_from_json(entry)
+        return self._job_from_sacct(job_id)
+
+    def _job_from_sacct(self, job_id: str) -> JobInfo | None:
+        fields = ("JobID", "UID", "State", "Partition", "NodeList", "AdminComment")
+        try:
+            out = self._run("sacct", "--noheader", "--parsable2", "--allocations",
+                            "--jobs", job_id, "--format", ",".join(fields))
+        except SlurmError as err:
+            if "accounting storage is disabled" in str(err).lower():
+                return None
+            raise
+        for line in out.splitlines():
+            cols = line.split("|", len(fields) - 1)
+            if len(cols) == len(fields) and cols[0] == job_id:
+                return JobInfo(job_id=job_id, user_id=int(cols[1] or -1), state=cols[2].split()[0].upper(),
+                               partition=cols[3], nodes=expand_hostlist(cols[4]),
+                               admin_comment=cols[5])
+        return None
+
+    def uid_of(self, user: str) -> int | None:
+        try:
+            return pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return int(user) if user.isdigit() else None
+
+    # --- writes ---------------------------------------------------------
+
+    def drain(self, node: str, reason: str) -> None:
+        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    def requeue_hold(self, job_id: str) -> None:
+        self._run("scontrol", "requeuehold", job_id)
+
+    def release(self, job_id: str) -> None:
+        self._run("scontrol", "release", job_id)
+        # A requeued job gets a BeginTime ~ now + 2 x MinJobAge; start it now.
+        self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+    def set_excluded_nodes(self, job_id: str, nodes: tuple[str, ...]) -> None:
+        self._run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={collect_hostlist(nodes)}")
+
+    def set_features(self, job_id: str, features: str) -> None:
+        self._run("scontrol", "update", f"JobId={job_id}", f"Features={features}")
+
+    def set_admin_comment(self, job_id: str, comment: str, finished: bool) -> None:
+        if finished:
+            self._run("sacctmgr", "-i", "modify", "job", "where", f"JobID={job_id}",
+                      "set", f"AdminComment={comment}")
+        else:
+            self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={comment}")
+
+
+def _node_from_json(entry: dict[str, Any]) -> NodeInfo:
+    state = entry.get("state", "")
+    states = {s.upper() for s in (state if isinstance(state, list) else [state]) if s}
+    states |= {s.upper() for s in entry.get("state_flags", []) or []}
+    return NodeInfo(name=entry["name"], states=frozenset(states), reason=entry.get("reason") or "",
+                    partitions=tuple(entry.get("partitions") or ()))
+
+
+def _job_from_json(entry: dict[str, Any]) -> JobInfo:
+    state_reason = str(entry.get("state_reason") or "")
+    return JobInfo(
+        job_id=str(entry["job_id"]),
+        user_id=int(entry.get("user_id", -1)),
+        state=str(entry.get("job_state", "")).upper(),
+        partition=str(entry.get("partition") or ""),
+        nodes=expand_hostlist(str(entry.get("nodes") or "")),
+        batch=bool(entry.get("batch_flag", True)),
+        requeue=bool(entry.get("requeue", False)),
+        held=state_reason.startswith("JobHeld") or entry.get("priority") == 0,
+        excluded_nodes=expand_hostlist(str(entry.get("excluded_nodes") or "")),
+        features=str(entry.get("features") or ""),
+        admin_comment=str(entry.get("admin_comment") or ""),
+        extra={"state_reason": state_reason},
+    )

@@ -1,0 +1,425 @@
+"""The daemon's state: one SQLite file in WAL mode.
+
+What is kept, and why it is enough to survive ``kill -9``:
+
+* ``records``: every accepted window report and node event, in arrival order,
+  bounded to the last ``HistoryWindowsKept`` windows per job.  On restart the
+  analyzer is rebuilt by feeding these through a fresh ``Analyzer`` (the same
+  path as replay), so its baselines and suspects come back without a second
+  serialisation format for its internals.
+* ``incidents``: the incident as last published (contract JSON) plus the
+  daemon's own bookkeeping (analyzer id, plan step, action window).  These are
+  authoritative: a re-fed analyzer's incidents are matched to them by subject,
+  never duplicated, and a confirmed incident is never lost.
+* ``actions``: one row per action, written as *intent* (``queued`` /
+  ``running``) before Slurm is touched and updated with the result after.  A
+  row found ``running`` after a crash is re-run through the idempotent path
+  (the actuator reads Slurm first), so a completed action is never repeated.
+* ``audit``: append-only (triggers forbid UPDATE and DELETE): who, what, why,
+  result, for every decision and every action attempt.
+* ``directives``, ``corrections``, ``node_evidence``, ``jobs``, ``throughput``,
+  ``counters``: the live loop's small tables.
+
+Each public method is one transaction.  The store is used from the event-loop
+thread only; Slurm calls run in worker threads and report back through it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT, window INTEGER, node TEXT, received REAL NOT NULL,
+    uid INTEGER, root INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS records_job ON records(job, window);
+CREATE TABLE IF NOT EXISTS jobs (
+    job TEXT PRIMARY KEY, user_id INTEGER, partition TEXT,
+    first_seen REAL, last_seen REAL, last_window INTEGER);
+CREATE TABLE IF NOT EXISTS throughput (
+    job TEXT, step TEXT, window INTEGER, samples_per_s REAL, ranks INTEGER,
+    PRIMARY KEY (job, step, window));
+CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY, job TEXT NOT NULL, step TEXT, state TEXT NOT NULL,
+    subject TEXT NOT NULL, analyzer_id TEXT, plan_step INTEGER NOT NULL DEFAULT 0,
+    action_window INTEGER, baseline REAL, decide INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS incidents_subject ON incidents(subject);
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, incident TEXT NOT NULL, kind TEXT NOT NULL,
+    target TEXT, params TEXT NOT NULL DEFAULT '{}', status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, next_try REAL NOT NULL DEFAULT 0,
+    created REAL NOT NULL, updated REAL NOT NULL, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS actions_status ON actions(status, next_try);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, incident TEXT,
+    action INTEGER, who TEXT NOT NULL, what TEXT NOT NULL, why TEXT NOT NULL DEFAULT '',
+    result TEXT NOT NULL DEFAULT '');
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TABLE IF NOT EXISTS directives (
+    id TEXT PRIMARY KEY, type TEXT NOT NULL, job TEXT NOT NULL, step TEXT NOT NULL,
+    incident TEXT, body TEXT NOT NULL, issued REAL NOT NULL, expires REAL,
+    ranks_reported INTEGER NOT NULL DEFAULT 0, cost_ms REAL NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS directives_job ON directives(job, step);
+CREATE TABLE IF NOT EXISTS corrections (
+    id TEXT PRIMARY KEY, incident TEXT NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL,
+    gpu INTEGER, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS corrections_node ON corrections(node, status);
+CREATE TABLE IF NOT EXISTS node_evidence (
+    node TEXT PRIMARY KEY, received REAL NOT NULL, uid INTEGER, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+# Action rows move queued -> running -> done | failed, or wait in
+# pending_approval (-> queued | denied).  ``running`` means "intent recorded,
+# result not yet": after a crash it is re-run through the idempotent path.
+ACTION_OPEN = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    seq: int
+    received: float
+    uid: int | None
+    root: bool
+    body: dict[str, Any]
+
+
+@dataclass
+class StoredIncident:
+    id: str
+    job: str
+    step: str | None
+    state: str
+    subject: str
+    analyzer_id: str | None
+    plan_step: int
+    action_window: int | None
+    baseline: float | None
+    decide: bool  # the policy must (re)consider it: confirmed, unresolved, or denied
+    body: dict[str, Any]
+    created: float
+    updated: float
+
+
+_INCIDENT_COLS = ("id, job, step, state, subject, analyzer_id, plan_step, action_window, baseline, decide, "
+                  "body, created, updated")
+
+
+def _incident(row: tuple[Any, ...]) -> StoredIncident:
+    return StoredIncident(*row[:9], bool(row[9]), json.loads(row[10]), row[11], row[12])
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    id: int
+    incident: str
+    kind: str
+    target: str | None
+    params: dict[str, Any]
+    status: str
+    attempts: int
+    next_try: float
+    detail: str
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (``_tx``), so a
+        # method is all-or-nothing and nothing is left half-written by a crash.
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode loses at most the last transactions on power loss,
+        # never consistency; a process kill loses nothing that was committed.
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection):
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type, exc, tb) -> None:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def _tx(self) -> Store._Tx:
+        return Store._Tx(self.db)
+
+    # --- counters and ids -------------------------------------------------
+
+    def next_id(self, name: str, prefix: str) -> str:
+        with self._tx() as db:
+            db.execute("INSERT INTO counters(name, value) VALUES (?, 1) "
+                       "ON CONFLICT(name) DO UPDATE SET value = value + 1", (name,))
+            (value,) = db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return f"{prefix}{value}"
+
+    # --- records ----------------------------------------------------------
+
+    def add_records(self, rows: Iterable[tuple[str | None, int | None, str | None, float, int | None, bool, str]]) -> None:
+        """rows: (job, window seq, node, received, uid, root, body JSON)."""
+        with self._tx() as db:
+            db.executemany("INSERT INTO records(job, window, node, received, uid, root, body) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def prune_records(self, job: str, keep_windows: int) -> int:
+        """Keep the last ``keep_windows`` windows of ``job`` (its node events with them)."""
+        with self._tx() as db:
+            row = db.execute("SELECT MAX(window) FROM records WHERE job = ?", (job,)).fetchone()
+            if row is None or row[0] is None:
+                return 0
+            cur = db.execute("DELETE FROM records WHERE job = ? AND window IS NOT NULL AND window <= ?",
+                             (job, row[0] - keep_windows))
+            return cur.rowcount
+
+    def forget_job(self, job: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM records WHERE job = ?", (job,))
+            db.execute("DELETE FROM throughput WHERE job = ?", (job,))
+
+    def records(self) -> Iterator[StoredRecord]:
+        cur = self.db.execute("SELECT seq, received, uid, root, body FROM records ORDER BY seq")
+        for seq, received, uid, root, body in cur:
+            yield StoredRecord(seq, received, uid, bool(root), json.loads(body))
+
+    def record_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+    # --- jobs and throughput ------------------------------------------------
+
+    def touch_job(self, job: str, now: float, window: int | None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
+                       "last_window = MAX(COALESCE(last_window, -1), COALESCE(excluded.last_window, -1))",
+                       (job, now, now, window))
+
+    def set_job_owner(self, job: str, user_id: int, partition: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO jobs(job, user_id, partition) VALUES (?, ?, ?) "
+                       "ON CONFLICT(job) DO UPDATE SET user_id = excluded.user_id, partition = excluded.partition",
+                       (job, user_id, partition))
+
+    def job_partition(self, job: str) -> str | None:
+        row = self.db.execute("SELECT partition FROM jobs WHERE job = ?", (job,)).fetchone()
+        return row[0] if row else None
+
+    def jobs(self) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT job, user_id, partition, first_seen, last_seen, last_window FROM jobs "
+                              "ORDER BY last_seen DESC")
+        cols = ("job", "user_id", "partition", "first_seen", "last_seen", "last_window")
+        return [dict(zip(cols, row)) for row in cur]
+
+    def add_throughput(self, job: str, step: str, window: int, samples_per_s: float, ranks: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO throughput VALUES (?, ?, ?, ?, ?)",
+                       (job, step, window, samples_per_s, ranks))
+
+    def throughput(self, job: str, step: str | None = None) -> list[tuple[str, int, float]]:
+        """(step, window, samples/s) of a job, oldest first."""
+        if step is None:
+            cur = self.db.execute("SELECT step, window, samples_per_s FROM throughput WHERE job = ? "
+                                  "ORDER BY window", (job,))
+        else:
+            cur = self.db.execute("SELECT step, window, samples_per_s FROM throughput WHERE job = ? AND step = ? "
+                                  "ORDER BY window", (job, step))
+        return list(cur)
+
+    def window_records(self, job: str) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT body FROM records WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,))
+        return [json.loads(body) for (body,) in cur]
+
+    # --- incidents --------------------------------------------------------
+
+    def save_incident(self, inc: StoredIncident) -> None:
+        inc.updated = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO incidents(id, job, step, state, subject, analyzer_id, plan_step, action_window, "
+                "baseline, decide, body, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET state = excluded.state, subject = excluded.subject, "
+                "analyzer_id = excluded.analyzer_id, plan_step = excluded.plan_step, "
+                "action_window = excluded.action_window, baseline = excluded.baseline, "
+                "decide = excluded.decide, body = excluded.body, updated = excluded.updated",
+                (inc.id, inc.job, inc.step, inc.state, inc.subject, inc.analyzer_id, inc.plan_step,
+                 inc.action_window, inc.baseline, int(inc.decide), json.dumps(inc.body), inc.created,
+                 inc.updated))
+
+    def incidents(self, states: Iterable[str] | None = None) -> list[StoredIncident]:
+        sql = f"SELECT {_INCIDENT_COLS} FROM incidents"
+        args: tuple[Any, ...] = ()
+        if states is not None:
+            wanted = tuple(states)
+            sql += f" WHERE state IN ({','.join('?' * len(wanted))})"
+            args = wanted
+        sql += " ORDER BY created, CAST(SUBSTR(id, INSTR(id, '-') + 1) AS INTEGER)"
+        return [_incident(row) for row in self.db.execute(sql, args)]
+
+    def incident(self, incident_id: str) -> StoredIncident | None:
+        row = self.db.execute(f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return _incident(row) if row else None
+
+    # --- actions ----------------------------------------------------------
+
+    def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
+                   status: str, now: float) -> int:
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO actions(incident, kind, target, params, status, next_try, created, updated) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (incident, kind, target, json.dumps(params), status, now, now, now))
+            return int(cur.lastrowid)
+
+    def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
+                      attempt: bool = False) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE actions SET status = ?, detail = ?, updated = ?, "
+                       "next_try = COALESCE(?, next_try), attempts = attempts + ? WHERE id = ?",
+                       (status, detail, time.time(), next_try, 1 if attempt else 0, action_id))
+
+    def _action_rows(self, sql: str, args: tuple[Any, ...]) -> list[ActionRow]:
+        return [ActionRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
+                for r in self.db.execute(
+                    "SELECT id, incident, kind, target, params, status, attempts, next_try, detail "
+                    f"FROM actions {sql}", args)]
+
+    def set_action_params(self, action_id: int, params: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE actions SET params = ?, updated = ? WHERE id = ?",
+                       (json.dumps(params), time.time(), action_id))
+
+    def due_actions(self, now: float) -> list[ActionRow]:
+        return self._action_rows("WHERE status IN ('queued', 'running') AND next_try <= ? ORDER BY id", (now,))
+
+    def actions_of(self, incident: str) -> list[ActionRow]:
+        return self._action_rows("WHERE incident = ? ORDER BY id", (incident,))
+
+    def action(self, action_id: int) -> ActionRow | None:
+        rows = self._action_rows("WHERE id = ?", (action_id,))
+        return rows[0] if rows else None
+
+    def drains_since(self, since: float, nodes: Iterable[str] | None = None) -> int:
+        """Drains Artemis performed (or has in flight) since ``since``."""
+        rows = self.db.execute("SELECT target FROM actions WHERE kind = 'drain' AND status IN "
+                               "('queued', 'running', 'done') AND created >= ?", (since,)).fetchall()
+        wanted = set(nodes) if nodes is not None else None
+        return sum(1 for (target,) in rows if wanted is None or target in wanted)
+
+    def drained_nodes(self) -> set[str]:
+        """Nodes Artemis drained and has not given back (rolled back / resumed)."""
+        rows = self.db.execute("SELECT target FROM actions WHERE kind = 'drain' AND status IN "
+                               "('queued', 'running', 'done')").fetchall()
+        return {target for (target,) in rows}
+
+    def last_action_on(self, target: str, other_than: str) -> float | None:
+        """When another incident last acted on ``target`` (cooldowns are between incidents)."""
+        row = self.db.execute("SELECT MAX(created) FROM actions WHERE target = ? AND incident != ? AND "
+                              "kind != 'escalate' AND status NOT IN ('denied', 'skipped', 'proposed')",
+                              (target, other_than)).fetchone()
+        return row[0] if row else None
+
+    # --- audit ------------------------------------------------------------
+
+    def audit(self, who: str, what: str, why: str = "", result: str = "", incident: str | None = None,
+              action: int | None = None, now: float | None = None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO audit(time, incident, action, who, what, why, result) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (now if now is not None else time.time(), incident, action, who, what, why, result))
+
+    def audit_log(self, incident: str | None = None) -> list[dict[str, Any]]:
+        cols = ("id", "time", "incident", "action", "who", "what", "why", "result")
+        if incident is None:
+            cur = self.db.execute(f"SELECT {', '.join(cols)} FROM audit ORDER BY id")
+        else:
+            cur = self.db.execute(f"SELECT {', '.join(cols)} FROM audit WHERE incident = ? ORDER BY id", (incident,))
+        return [dict(zip(cols, row)) for row in cur]
+
+    # --- directives -------------------------------------------------------
+
+    def add_directive(self, directive_id: str, kind: str, job: str, step: str, incident: str | None,
+                      body: dict[str, Any], now: float, expires: float | None) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO directives(id, type, job, step, incident, body, issued, expires) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (directive_id, kind, job, step, incident, json.dumps(body), now, expires))
+
+    def directives_for(self, job: str, step: str, now: float) -> list[dict[str, Any]]:
+        """Live directives of a job step: unexpired probes, and the latest rebalance."""
+        rows = self.db.execute("SELECT type, body, expires FROM directives WHERE job = ? AND step = ? "
+                               "ORDER BY issued, rowid", (job, step)).fetchall()
+        out = [json.loads(body) for kind, body, expires in rows
+               if kind == "probe" and (expires is None or expires > now)]
+        rebalances = [json.loads(body) for kind, body, _ in rows if kind == "rebalance"]
+        if rebalances:
+            out.append(rebalances[-1])
+        return out
+
+    def probe_times(self, job: str) -> list[float]:
+        return [t for (t,) in self.db.execute(
+            "SELECT issued FROM directives WHERE job = ? AND type = 'probe' ORDER BY issued", (job,))]
+
+    def probe_result(self, directive_id: str, cost_ms: float | None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE directives SET ranks_reported = ranks_reported + 1, cost_ms = cost_ms + ? "
+                       "WHERE id = ?", (cost_ms or 0.0, directive_id))
+
+    def probe_costs(self) -> list[dict[str, Any]]:
+        cols = ("id", "job", "step", "incident", "issued", "ranks_reported", "cost_ms")
+        return [dict(zip(cols, row)) for row in self.db.execute(
+            f"SELECT {', '.join(cols)} FROM directives WHERE type = 'probe' ORDER BY issued")]
+
+    # --- corrections --------------------------------------------------------
+
+    def add_correction(self, correction_id: str, incident: str, node: str, kind: str, gpu: int | None,
+                       now: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO corrections(id, incident, node, kind, gpu, status, created, updated) "
+                       "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)", (correction_id, incident, node, kind, gpu, now, now))
+
+    def corrections(self, node: str, status: str | None = "pending") -> list[dict[str, Any]]:
+        cols = ("id", "incident", "node", "kind", "gpu", "status", "detail")
+        sql = f"SELECT {', '.join(cols)} FROM corrections WHERE node = ?"
+        args: tuple[Any, ...] = (node,)
+        if status is not None:
+            sql += " AND status = ?"
+            args += (status,)
+        return [dict(zip(cols, row)) for row in self.db.execute(sql + " ORDER BY created", args)]
+
+    def correction(self, correction_id: str) -> dict[str, Any] | None:
+        cols = ("id", "incident", "node", "kind", "gpu", "status", "detail")
+        row = self.db.execute(f"SELECT {', '.join(cols)} FROM corrections WHERE id = ?", (correction_id,)).fetchone()
+        return dict(zip(cols, row)) if row else None
+
+    def set_correction(self, correction_id: str, status: str, detail: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE corrections SET status = ?, detail = ?, updated = ? WHERE id = ?",
+                       (status, detail, time.time(), correction_id))
+
+    # --- root-side node evidence --------------------------------------------
+
+    def set_node_evidence(self, node: str, received: float, uid: int | None, body: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO node_evidence VALUES (?, ?, ?, ?)", (node, received, uid, body))
+
+    def node_evidence(self, node: str) -> tuple[float, dict[str, Any]] | None:
+        row = self.db.execute("SELECT received, body FROM node_evidence WHERE node = ?", (node,)).fetchone()
+        return (row[0], json.loads(row[1])) if row else None

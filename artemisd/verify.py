@@ -1,0 +1,65 @@
+"""Verify: did the action bring useful throughput back?  Pure.
+
+Throughput is the whole job's samples per second in one window (the sum of
+every rank's ``samples`` over the window's wall time), the quantity the user
+pays for.  The *baseline* is the median of the job's last healthy windows
+before the incident's onset; *after* is the median of the first
+``VerifyWindows`` windows measured once the action completed.  Medians, so a
+single checkpoint or evaluation window does not decide the verdict.
+
+    recovered  <=>  after >= RecoveryFraction x baseline
+
+Without a baseline (the job was slow from its first window) recovery cannot
+be judged; the verdict says so and the incident ends unresolved with that note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BASELINE_WINDOWS = 10
+
+
+@dataclass(frozen=True)
+class Verification:
+    """``done`` False: not enough windows yet.  ``recovered`` None: could not be judged."""
+
+    done: bool
+    recovered: bool | None = None
+    before: float | None = None
+    after: float | None = None
+    note: str = ""
+
+
+def window_throughput(samples: Sequence[float | None], seconds: Sequence[float]) -> float | None:
+    """samples/s of one job window from its ranks' reports (None if no rank counted samples)."""
+    counted = [s for s in samples if s is not None]
+    spans = [t for t in seconds if t > 0]
+    if not counted or not spans:
+        return None
+    return float(sum(counted) / float(np.median(spans)))
+
+
+def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
+             depth: int = BASELINE_WINDOWS) -> float | None:
+    """Median throughput of the last ``depth`` windows before ``onset_window``."""
+    before = [value for seq, value in series if onset_window is None or seq < onset_window]
+    before = before[-depth:]
+    return float(np.median(before)) if before else None
+
+
+def verify(before: float | None, after: Sequence[float], need: int, fraction: float) -> Verification:
+    if len(after) < need:
+        return Verification(False, before=before,
+                            note=f"{len(after)} of {need} windows measured after the action")
+    measured = float(np.median(list(after)[:need]))
+    if before is None or before <= 0:
+        return Verification(True, None, before, measured,
+                            "no healthy baseline before the incident: recovery cannot be judged")
+    recovered = measured >= fraction * before
+    return Verification(True, recovered, before, measured,
+                        f"throughput {measured:.1f} samples/s after vs {before:.1f} before "
+                        f"({100.0 * measured / before:.0f} %, recovery needs {100.0 * fraction:.0f} %)")
