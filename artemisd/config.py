@@ -230,6 +230,9 @@ class MailSettings(_Section):
     mail_subject_prefix: str = "[artemis]"
 
 
+DEFAULT_APPROVE = ("correct", "drain", "requeue", "constrain")
+
+
 class PartitionPolicy(_Section):
     """One ``PartitionPolicy=`` line: what Artemis may do to jobs and nodes of matching partitions.
 
@@ -246,12 +249,21 @@ class PartitionPolicy(_Section):
 
     name: str = Field(min_length=1)
     auto: ActionList = ("rebalance", "escalate")
-    approve: ActionList = ("correct", "drain", "requeue", "constrain")
+    approve: ActionList = DEFAULT_APPROVE
     max_drain_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
     max_drains_per_hour: int = Field(default=2, ge=0, le=10_000)
     cooldown: Seconds = 900.0
     probe: bool = True
     constraint: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_approve(cls, raw: Any) -> Any:
+        # Without an Approve=, the default approval list yields to what Auto= grants.
+        if isinstance(raw, dict) and "approve" not in raw and "auto" in raw:
+            auto = set(_split_list(raw["auto"]))
+            return {**raw, "approve": tuple(a for a in DEFAULT_APPROVE if a not in auto)}
+        return raw
 
     @model_validator(mode="after")
     def _disjoint(self) -> PartitionPolicy:

@@ -194,7 +194,7 @@ class Daemon:
             out[job] = info.user_id if info else None
         return out
 
-    async def job_info(self, job: str, fresh: bool = False) -> JobInfo | None:
+    async def job_info(self, job: str, fresh: bool = False, strict: bool = False) -> JobInfo | None:
         now = self.clock()
         cached = self._job_info.get(job)
         if cached and not fresh and now - cached[0] < self.config.daemon.job_cache_seconds:
@@ -204,6 +204,8 @@ class Daemon:
         except SlurmError as err:
             self.metrics.backend_errors.labels("slurm").inc()
             log.warning("slurm job lookup failed", job=job, error=str(err))
+            if strict and not cached:
+                raise
             return cached[1] if cached else None
         self._job_info[job] = (now, info)
         if info is not None:
@@ -381,9 +383,14 @@ class Daemon:
 
     async def _decide(self, stored: StoredIncident, now: float) -> None:
         # Ask Slurm first; then re-read the incident, which ingest may have updated meanwhile.
-        info = await self.job_info(stored.job)
-        partition = info.partition if info else self.store.job_partition(stored.job)
-        nodes = await self._nodes_of(partition)
+        # Slurm unreachable: the decision waits for the next turn (policy needs the partition).
+        try:
+            info = await self.job_info(stored.job, strict=True)
+            partition = info.partition if info else self.store.job_partition(stored.job)
+            nodes = await self._nodes_of(partition, strict=True)
+        except SlurmError as err:
+            log.warning("decision postponed: Slurm unreachable", incident=stored.id, error=str(err))
+            return
         fresh = self.store.incident(stored.id)
         if fresh is None or not fresh.decide:
             return
@@ -472,7 +479,7 @@ class Daemon:
         drained = self.store.drained_nodes() & set(nodes)
         return policy.drain_budget(pol, len(nodes), len(drained), self.store.drains_since(now - 3600, nodes))
 
-    async def _nodes_of(self, partition: str | None) -> tuple[str, ...]:
+    async def _nodes_of(self, partition: str | None, strict: bool = False) -> tuple[str, ...]:
         if not partition:
             return ()
         now = self.clock()
@@ -484,6 +491,8 @@ class Daemon:
         except SlurmError as err:
             self.metrics.backend_errors.labels("slurm").inc()
             log.warning("slurm partition lookup failed", partition=partition, error=str(err))
+            if strict and not cached:
+                raise
             return cached[1] if cached else ()
         self._partition_nodes[partition] = (now, nodes)
         return nodes

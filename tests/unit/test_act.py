@@ -23,12 +23,15 @@ class MemorySlurm:
         self.jobs: dict[str, JobInfo] = {}
         self.partition = partition
         self.down = False
+        self.fail_writes = False  # slurmctld answers reads but times out on updates
         self.calls: list[tuple] = []
 
     def _check(self, *call) -> None:
         self.calls.append(call)
         if self.down:
             raise SlurmError("slurm_load_node error: Unable to contact slurm controller (connect failure)")
+        if self.fail_writes and call[0] not in ("node", "job", "partition_nodes"):
+            raise SlurmError("scontrol update: Socket timed out on send/recv operation")
 
     def add_job(self, job_id: str, uid: int, nodes: tuple[str, ...], **kw) -> None:
         self.jobs[job_id] = JobInfo(job_id, uid, kw.pop("state", "RUNNING"), self.partition, nodes,

@@ -1,0 +1,414 @@
+"""The daemon end to end over HTTP (aiohttp test client), with a real SQLite file
+and a real SMTP server (aiosmtpd on 127.0.0.1).  Slurm is the in-memory model
+from test_act.py; the same flows run against real Slurm in tests/cluster.
+
+Time is the daemon's injected clock, so verification windows, rate limits and
+backoff are driven by the test, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from aiosmtpd.controller import Controller
+
+from artemisd.auth import NoAuth
+from artemisd.config import parse_config_text
+from artemisd.server import make_app
+from artemisd.service import Daemon
+from tests.unit.test_act import MemorySlurm
+from tests.unit.windows import lockstep
+
+WORLD = 8
+NODES = [f"n{r // 2}" for r in range(WORLD)]  # two ranks per node
+HEALTHY = [50.0] * WORLD
+SLOW_RANK = 2  # on n1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Mailbox:
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.messages.append(envelope)
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp():
+    box = Mailbox()
+    with socket.socket() as probe:  # aiosmtpd needs a concrete port to check it is up
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(box, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield box, f"127.0.0.1:{port}"
+    finally:
+        controller.stop()
+
+
+def body(window: list) -> bytes:
+    return json.dumps([r.model_dump(mode="json", exclude_none=True) for r in window]).encode()
+
+
+class Harness:
+    """One daemon on a state dir, driven through HTTP."""
+
+    def __init__(self, tmp: Path, conf: str, slurm: MemorySlurm, clock: Clock):
+        text = f"StateDir={tmp}\nAuthType=none\nVerifyWindows=2\nRetryBackoff=10\n{conf}"
+        self.config = parse_config_text(text)
+        self.daemon = Daemon(self.config, slurm, clock=clock)
+        self.slurm = slurm
+        self.clock = clock
+        self.client: TestClient | None = None
+
+    async def __aenter__(self) -> Harness:
+        self.client = TestClient(TestServer(make_app(self.daemon, NoAuth())))
+        await self.client.start_server()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+        self.daemon.store.close()
+
+    async def post(self, window: list) -> dict[str, Any]:
+        resp = await self.client.post("/v1/reports", data=body(window))
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    async def windows(self, seqs: range, busy: list[float], job: str = "100", **kw) -> list[dict[str, Any]]:
+        replies = []
+        for seq in seqs:
+            self.clock.now += 10
+            replies.append(await self.post(lockstep(seq, busy, job=job, nodes=kw.pop("nodes", NODES), **kw)))
+            await self.daemon.run_once()
+        return replies
+
+    async def node_event(self, node: str, **fields) -> None:
+        event = {"type": "node", "v": 1, "event": "health", "node": node, "time": self.clock.now, **fields}
+        resp = await self.client.post("/v1/reports", data=json.dumps([event]))
+        assert (await resp.json())["accepted"] == 1
+
+    async def incidents(self) -> list[dict[str, Any]]:
+        return (await (await self.client.get("/v1/incidents")).json())["incidents"]
+
+    async def show(self, inc: str) -> dict[str, Any]:
+        return await (await self.client.get(f"/v1/incidents/{inc}")).json()
+
+
+def cluster() -> MemorySlurm:
+    slurm = MemorySlurm({f"n{i}": "allocated" for i in range(4)} | {f"spare{i}": "idle" for i in range(12)})
+    slurm.add_job("100", 1000, tuple(f"n{i}" for i in range(4)))
+    return slurm
+
+
+def run(coro_fn: Callable[[], Any]) -> Any:
+    return asyncio.run(coro_fn())
+
+
+SLOW_CLOCKS = {SLOW_RANK: {"sm_clock_mhz": 1300, "throttle": ["applications_clocks"]}}
+HOT = {SLOW_RANK: {"temp_c": 92, "throttle": ["sw_thermal"]}}
+SLOW_BUSY = [62.0 if r == SLOW_RANK else 50.0 for r in range(WORLD)]
+
+
+def test_correction_round_trip_resolves_with_measured_result(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=correct,escalate Approve=drain,requeue\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [inc] = await h.incidents()
+            assert inc["cause"] == "gpu.clocks" and inc["state"] == "acting"
+            assert inc["action"] == {"kind": "correct", "target": "n1", "status": "running", "reversible": False}
+            queued = await (await h.client.get("/v1/nodes/n1/corrections")).json()
+            [cor] = queued["corrections"]
+            assert cor == {"id": "COR-1", "incident": inc["id"], "kind": "reset_clocks", "gpu": 0}
+            resp = await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}",
+                                       json={"status": "done", "detail": "nvidia-smi -rac"})
+            assert resp.status == 200
+            assert (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"] == []
+            await h.windows(range(12, 16), HEALTHY)
+            [inc] = await h.incidents()
+            assert inc["state"] == "resolved"
+            assert inc["result"]["recovered"] is True
+            assert inc["result"]["throughput_after"] >= 0.95 * inc["result"]["throughput_before"]
+            shown = await h.show(inc["id"])
+            whats = [a["what"] for a in shown["audit"]]
+            assert "confirmed" in whats and "resolved" in whats
+            assert h.slurm.calls == [] or all(c[0] in ("job", "partition_nodes") for c in h.slurm.calls)
+    run(scenario)
+
+
+def test_drain_without_root_evidence_is_escalated_not_done(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\n"
+                "PartitionPolicy=gpu Auto=drain,requeue,escalate\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
+            [inc] = await h.incidents()
+            assert inc["cause"] == "gpu.thermal"
+            assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate"
+            assert inc["action"]["status"] == "done"
+            assert not h.slurm.nodes["n1"].drained
+            assert inc["id"] in h.slurm.jobs["100"].admin_comment
+            assert len(box.messages) == 1
+            text = box.messages[0].content.decode()
+            assert "root-side corroboration" in text and inc["id"] in text
+    run(scenario)
+
+
+def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "temp_c": 93, "throttle": ["sw_thermal"]}])
+            # Confirmed after window 9; drained then, requeued at the next turn: the job leaves.
+            await h.windows(range(8, 11), SLOW_BUSY, gpu=HOT)
+            [inc] = await h.incidents()
+            assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying", inc
+            assert h.slurm.nodes["n1"].reason == f"artemis: {inc['id']} gpu.thermal rank 2 {inc['ratio']:.2f}x"
+            job = h.slurm.jobs["100"]
+            assert job.excluded_nodes == ("n1",) and job.pending and not job.held
+            # The job comes back elsewhere at full speed.
+            await h.windows(range(11, 15), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            [inc] = await h.incidents()
+            assert inc["state"] == "resolved" and inc["result"]["recovered"] is True
+            assert h.slurm.nodes["n1"].drained  # a fix that worked is kept
+    run(scenario)
+
+
+def test_person_drained_node_is_left_alone(tmp_path):
+    async def scenario():
+        slurm = cluster()
+        slurm.drain("n1", "fan replaced, burn-in (jdoe)")
+        slurm.calls.clear()
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, slurm, Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["hw_thermal"]}])
+            await h.windows(range(8, 13), SLOW_BUSY, gpu=HOT)
+            [inc] = await h.incidents()
+            assert slurm.nodes["n1"].reason == "fan replaced, burn-in (jdoe)"
+            assert inc["state"] == "escalated"
+            assert not [c for c in slurm.calls if c[0] in ("drain", "resume", "requeue_hold")]
+    run(scenario)
+
+
+def test_storm_never_drains_more_than_the_budget(tmp_path):
+    """Half of 16 nodes report a hot GPU at once; MaxDrainFraction=0.25 allows 4."""
+    async def scenario():
+        slurm = MemorySlurm({f"n{i}": "allocated" for i in range(16)})
+        conf = ("PartitionPolicy=gpu Auto=drain,escalate MaxDrainFraction=0.25 MaxDrainsPerHour=100 "
+                "Cooldown=0\n")
+        async with Harness(tmp_path, conf, slurm, Clock()) as h:
+            for j in range(8):
+                slurm.add_job(str(200 + j), 1000, (f"n{2 * j}", f"n{2 * j + 1}"))
+            nodes = {j: [f"n{2 * j}"] * 2 + [f"n{2 * j + 1}"] * 2 for j in range(8)}
+            hot = {3: {"temp_c": 95, "throttle": ["hw_thermal"]}}
+            for j in range(8):
+                await h.node_event(f"n{2 * j + 1}", gpus=[{"index": 1, "throttle": ["hw_thermal"]}])
+            for seq in range(12):
+                h.clock.now += 10
+                for j in range(8):
+                    busy = [50.0, 50.0, 50.0, 64.0] if seq >= 8 else [50.0] * 4
+                    await h.post(lockstep(seq, busy, job=str(200 + j), nodes=nodes[j], gpu=hot if seq >= 8 else None))
+                await h.daemon.run_once()
+            drained = [n for n, info in slurm.nodes.items() if info.drained]
+            assert len(drained) == 4
+            incidents = await h.incidents()
+            assert len(incidents) == 8
+            # Drained ones wait for a person too (no requeue allowed): the job must restart.
+            assert sorted(i["action"]["kind"] for i in incidents) == ["drain"] * 4 + ["escalate"] * 4
+            budget_notes = [a for i in incidents for a in (await h.show(i["id"]))["audit"] if "budget" in a["why"]]
+            assert len(budget_notes) == 4
+    run(scenario)
+
+
+def test_approval_gate(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and inc["action"]["status"] == "pending_approval"
+            assert not h.slurm.nodes["n1"].drained
+            resp = await h.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")
+            assert resp.status == 200
+            await h.daemon.run_once()
+            await h.daemon.run_once()
+            assert h.slurm.nodes["n1"].drained
+            assert h.slurm.jobs["100"].excluded_nodes == ("n1",)
+            again = await h.client.post(f"/v1/incidents/{inc['id']}/deny", data=b"")
+            assert again.status == 409
+    run(scenario)
+
+
+@pytest.mark.parametrize("switch", ["DryRun=yes", "Enabled=no"])
+def test_dry_run_and_kill_switch_change_nothing_in_slurm(tmp_path, switch):
+    async def scenario():
+        conf = f"{switch}\nPartitionPolicy=gpu Auto=drain,requeue,escalate,rebalance MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
+            replies = await h.windows(range(8, 14), SLOW_BUSY, gpu=HOT)
+            writes = [c for c in h.slurm.calls if c[0] not in ("job", "node", "partition_nodes")]
+            assert writes == []
+            assert all(r["directives"] == [] for r in replies)
+            [inc] = await h.incidents()
+            if switch == "DryRun=yes":
+                assert inc["action"] == {"kind": "drain", "target": "n1", "status": "proposed", "reversible": True}
+            else:
+                assert inc["state"] == "escalated"
+    run(scenario)
+
+
+def test_slurm_unreachable_actions_are_retried_with_backoff_never_lost(tmp_path):
+    async def scenario():
+        slurm = cluster()
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, slurm, Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
+            await h.windows(range(8, 9), SLOW_BUSY, gpu=HOT)
+            slurm.down = True
+            await h.windows(range(9, 12), SLOW_BUSY, gpu=HOT)  # ingest keeps working
+            [inc] = await h.incidents()
+            assert inc["state"] == "confirmed"  # the decision waits for Slurm, it is not skipped
+            slurm.down = False
+            slurm.fail_writes = True
+            await h.windows(range(12, 14), SLOW_BUSY, gpu=HOT)
+            shown = await h.show(inc["id"])
+            [drain] = [a for a in shown["actions"] if a["kind"] == "drain"]
+            assert drain["status"] == "running" and drain["attempts"] >= 1
+            assert "timed out" in drain["detail"]
+            assert any("retried" in a["what"] for a in shown["audit"])
+            slurm.fail_writes = False
+            h.clock.now += 3600
+            await h.daemon.run_once()
+            await h.daemon.run_once()
+            assert slurm.nodes["n1"].drained
+            assert slurm.jobs["100"].excluded_nodes == ("n1",)
+            metrics = await (await h.client.get("/metrics")).text()
+            assert 'artemis_backend_errors_total{backend="slurm"}' in metrics
+    run(scenario)
+
+
+def test_rebalance_directive_and_rollback_when_it_does_not_help(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=rebalance,escalate\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            data = [1.0] * WORLD
+            data[SLOW_RANK] = 13.0
+            await h.windows(range(0, 8), HEALTHY)
+            replies = await h.windows(range(8, 12), SLOW_BUSY, data=data)
+            [inc] = await h.incidents()
+            assert inc["cause"] == "input.loader" and inc["action"]["kind"] == "rebalance"
+            rebalances = [d for d in replies[-1]["directives"] if d["type"] == "rebalance"]
+            assert rebalances and rebalances[-1]["shares"] == {str(SLOW_RANK): round(50.0 / 62.0, 3)}
+            # It does not help: the job stays slow; the shares are reset and a person is told.
+            replies = await h.windows(range(12, 18), SLOW_BUSY, data=data)
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated", inc
+            assert inc["result"]["recovered"] is False
+            last = [d for d in replies[-1]["directives"] if d["type"] == "rebalance"][-1]
+            assert last["shares"] == {}
+    run(scenario)
+
+
+def test_probe_directive_rate_limited_and_cost_recorded(tmp_path):
+    async def scenario():
+        conf = "ProbeMinInterval=1h\nPartitionPolicy=gpu Auto=escalate\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            replies = await h.windows(range(8, 9), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [probe] = [d for d in replies[0]["directives"] if d["type"] == "probe"]
+            assert probe == {"type": "probe", "id": probe["id"], "job": "100", "step": "0"}
+            window = lockstep(9, SLOW_BUSY, nodes=NODES, gpu=SLOW_CLOCKS)
+            payload = []
+            for r in window:
+                item = r.model_dump(mode="json", exclude_none=True)
+                item["probe"] = {"id": probe["id"], "gemm_ms": 20.0 if r.rank == SLOW_RANK else 10.0,
+                                 "cost_ms": 30.0}
+                payload.append(item)
+            resp = await h.client.post("/v1/reports", data=json.dumps(payload))
+            assert (await resp.json())["accepted"] == WORLD
+            costs = h.daemon.store.probe_costs()
+            assert costs[0]["ranks_reported"] == WORLD and costs[0]["cost_ms"] == 30.0 * WORLD
+            # A second rank flagged within the hour: no second probe.
+            busy = list(SLOW_BUSY)
+            busy[6] = 63.0
+            later = await h.windows(range(10, 12), busy, gpu=SLOW_CLOCKS)
+            assert not [d for r in later for d in r["directives"] if d["type"] == "probe" and d["id"] != probe["id"]]
+            assert any("rate limit" in a["why"] for a in h.daemon.store.audit_log())
+            metrics = await (await h.client.get("/metrics")).text()
+            assert "artemis_probe_cost_ms_total 240.0" in metrics
+    run(scenario)
+
+
+def test_restart_resumes_incidents_without_duplicates_or_repeats(tmp_path):
+    async def scenario():
+        slurm = cluster()
+        clock = Clock()
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, slurm, clock) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
+            await h.windows(range(8, 11), SLOW_BUSY, gpu=HOT)
+            [before] = await h.incidents()
+            assert before["state"] == "verifying"
+        writes_before = [c for c in slurm.calls if c[0] in ("drain", "requeue_hold", "release")]
+        async with Harness(tmp_path, conf, slurm, clock) as h2:
+            [after] = await h2.incidents()
+            assert after == before
+            # The slow windows continue (the job could not move): no second incident, no repeat.
+            await h2.windows(range(11, 18), SLOW_BUSY, gpu=HOT)
+            incidents = await h2.incidents()
+            assert [i["id"] for i in incidents] == [before["id"]]
+            assert incidents[0]["state"] in ("unresolved", "escalated", "acting")
+        writes_after = [c for c in slurm.calls if c[0] in ("drain", "requeue_hold", "release")]
+        assert writes_after[:len(writes_before)] == writes_before
+        assert [c for c in writes_after if c[0] == "drain"] == [c for c in writes_before if c[0] == "drain"]
+    run(scenario)
+
+
+def test_rejects_per_item_and_keeps_the_valid_ones(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            good = [r.model_dump(mode="json", exclude_none=True) for r in lockstep(0, HEALTHY, nodes=NODES)]
+            bad = dict(good[0], rank=99)
+            payload = "\n".join([json.dumps(good[0]), "{not json", json.dumps(bad), json.dumps(good[1])])
+            reply = await (await h.client.post("/v1/reports", data=payload)).json()
+            assert reply["accepted"] == 2
+            assert [r["index"] for r in reply["rejected"]] == [1, 2]
+            assert "not JSON" in reply["rejected"][0]["error"]
+            assert "rank" in reply["rejected"][1]["error"]
+            assert h.daemon.store.record_count() == 2
+            resp = await h.client.post("/v1/reports", data=b"[1, 2")
+            assert resp.status == 400
+            health = await (await h.client.get("/v1/health")).json()
+            assert health["ok"] is True
+            status = await (await h.client.get("/v1/status")).json()
+            assert status["records"] == 2 and status["auth"] == "none"
+    run(scenario)
