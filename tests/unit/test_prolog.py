@@ -1,0 +1,133 @@
+"""Prolog/Epilog: the programs slurmd runs, exercised with slurmd's environment and a loopback daemon."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from artemisd.wire import NodeEvent, parse_record
+from tests.cluster.recorder import RecordingDaemon
+
+REPO = Path(__file__).resolve().parents[2]
+PROLOG = REPO / "prolog_epilog" / "artemis-prolog"
+EPILOG = REPO / "prolog_epilog" / "artemis-epilog"
+
+GPU_FILE = {"vendor": "nvidia", "model": "Emulated GPU", "driver": "550.54.15",
+            "gpus": {"0": {"sm_clock_mhz": 1410, "max_sm_clock_mhz": 1980, "power_w": 300,
+                           "power_limit_w": 500, "default_power_limit_w": 700, "temp_c": 83,
+                           "util_pct": 95, "throttle": ["sw_thermal", "sw_power_cap"]},
+                     "1": {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "temp_c": 40,
+                           "throttle": []}}}
+
+
+def write_conf(tmp_path: Path, endpoint: str, extra: str = "AuthType=none\n") -> Path:
+    conf = tmp_path / "node.conf"
+    conf.write_text(f"Endpoint={endpoint}\nTimeoutSeconds=3\nStateDir={tmp_path}/state\n{extra}")
+    return conf
+
+
+def slurmd_env(tmp_path: Path, conf: Path, opted: str | None = "on", **more: str) -> dict[str, str]:
+    """The environment slurmd 22.05 gives a Prolog (design.md §5), plus our config path."""
+    gpus = tmp_path / "gpus"
+    gpus.mkdir(exist_ok=True)
+    (gpus / "n2.json").write_text(json.dumps(GPU_FILE))
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "0",
+           "SLURM_NODELIST": "n[1-4]", "SLURMD_NODENAME": "n2",
+           "ARTEMIS_NODE_CONF": str(conf), "PYTHONPATH": str(REPO),
+           "ARTEMIS_TELEMETRY": "emulated", "ARTEMIS_EMULATED_GPU_DIR": str(gpus)}
+    if opted is not None:
+        env["SPANK_ARTEMIS"] = opted
+    env.update(more)
+    return env
+
+
+def run_hook(program: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(program)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_prolog_reports_job_start_with_fingerprint_and_gpus(tmp_path: Path) -> None:
+    with RecordingDaemon() as daemon:
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, daemon.endpoint)))
+    assert done.returncode == 0, done.stderr
+    (record,) = daemon.recorder.reports()
+    event = parse_record(record)
+    assert isinstance(event, NodeEvent)
+    assert (event.event, event.job, event.node) == ("job_start", "4242", "n2")
+    assert event.fingerprint is not None
+    assert event.fingerprint.kernel == os.uname().release
+    assert event.fingerprint.driver == "550.54.15"
+    assert event.gpus is not None and [g.index for g in event.gpus] == [0, 1]
+    assert event.gpus[0].sm_clock_mhz == 1410 and event.gpus[0].power_limit_w == 500
+    assert set(event.gpus[0].throttle or ()) == {"sw_thermal", "sw_power_cap"}
+
+
+def test_epilog_reports_job_end(tmp_path: Path) -> None:
+    with RecordingDaemon() as daemon:
+        done = run_hook(EPILOG, slurmd_env(tmp_path, write_conf(tmp_path, daemon.endpoint)))
+    assert done.returncode == 0, done.stderr
+    assert [r["event"] for r in daemon.recorder.reports()] == ["job_end"]
+
+
+@pytest.mark.parametrize("opted", [None, "off"])
+def test_jobs_without_artemis_on_send_nothing(tmp_path: Path, opted: str | None) -> None:
+    with RecordingDaemon() as daemon:
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, daemon.endpoint), opted))
+    assert done.returncode == 0
+    assert daemon.recorder.requests == []
+
+
+def test_daemon_down_still_exits_zero(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
+        port = holder.getsockname()[1]
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, f"http://127.0.0.1:{port}")))
+    assert done.returncode == 0
+    assert "refused" in done.stderr.lower()
+
+
+def test_hung_daemon_hits_the_hard_timeout_and_exits_zero(tmp_path: Path) -> None:
+    with RecordingDaemon() as daemon:
+        daemon.recorder.stalled = True
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, daemon.endpoint)))
+    assert done.returncode == 0
+    assert "timed out" in done.stderr or "hard timeout" in done.stderr
+
+
+def test_bad_node_conf_is_named_and_harmless(tmp_path: Path) -> None:
+    conf = tmp_path / "node.conf"
+    conf.write_text("Endpoint=http://127.0.0.1:9\nTimeoutSecnds=3\n")
+    done = run_hook(PROLOG, slurmd_env(tmp_path, conf))
+    assert done.returncode == 0
+    assert f"{conf}:2: TimeoutSecnds: unknown key" in done.stderr
+
+
+def test_file_endpoint_appends_a_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, f"file:{trace}")))
+    assert done.returncode == 0, done.stderr
+    (line,) = trace.read_text().splitlines()
+    assert parse_record(json.loads(line)).event == "job_start"
+
+
+def test_munge_credential_covers_the_body(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs a private munged")
+    from tests.cluster.munge import Munged
+
+    with Munged() as munged, RecordingDaemon() as daemon:
+        conf = write_conf(tmp_path, daemon.endpoint, f"AuthType=munge\nMungeSocket={munged.socket}\n")
+        done = run_hook(PROLOG, slurmd_env(tmp_path, conf))
+        assert done.returncode == 0, done.stderr
+        (req,) = daemon.recorder.requests
+        scheme, credential = req.headers["Authorization"].split(" ", 1)
+        decoded = munged.decode(credential)
+    assert scheme == "Munge" and decoded.returncode == 0
+    assert decoded.stdout.strip().endswith(hashlib.sha256(req.body).hexdigest())
