@@ -39,8 +39,13 @@ class Samples(Dataset):
         return self.x[i], self.y[i]
 
 
-def active(window: list[int] | None, step: int) -> bool:
-    return bool(window) and window[0] <= step < window[1]
+def active(window: list[int] | None, iteration: int) -> bool:
+    """Whether ``iteration`` falls in a phase given in the probe's step indices.
+
+    The probe's first step boundary only starts its clock, so its step p is
+    training iteration p + 1.
+    """
+    return bool(window) and window[0] <= iteration - 1 < window[1]
 
 
 def main() -> None:
