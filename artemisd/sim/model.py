@@ -201,7 +201,8 @@ class JobModel:
             start, length = int(rng.integers(steps)), int(rng.integers(3, 15))
             factor = float(rng.uniform(0.5, 1.5))
             comm[start:start + length] *= 1.0 + factor
-            self.transients.append(Transient("comm_spike", seq, None, factor * spec.comm_ms * length / (steps * float(self.nominal_busy.mean()))))
+            rise = factor * spec.comm_ms * length / (steps * float(self.nominal_busy.mean()))
+            self.transients.append(Transient("comm_spike", seq, None, rise))
         island_comm = np.zeros((n_isl, steps))
         if n_isl > 1:
             island_comm = spec.island_comm_ms * np.maximum(0.0, 1.0 + rng.normal(0.0, noise.comm, (n_isl, steps)))
@@ -220,13 +221,16 @@ class JobModel:
             if job.compute_rel.any():
                 compute *= 1.0 + job.compute_rel[None, :] * (healthy_step / float(np.median(slowest)))
             comm += job.comm_rel * healthy_step
-            island_comm += job.island_comm_rel * healthy_step
+            if job.island_comm_rel.any():
+                # A faster island has slack before the slowest island is done;
+                # its stage must first use that up before the job slows, so
+                # the slack is added too and the step still rises by m.
+                done = self._island_done(compute + data, island_comm)
+                slack = np.median(done.max(axis=0)[None, :] - done, axis=1)
+                island_comm += job.island_comm_rel * healthy_step + (job.island_comm_rel > 0) * slack[:, None]
 
         busy = compute + data
-        island_done = np.empty((n_isl, steps))
-        for k in range(n_isl):
-            rows = layout.island_of == k
-            island_done[k] = busy[rows].max(axis=0) + island_comm[k]
+        island_done = self._island_done(busy, island_comm)
         step = island_done.max(axis=0) + comm  # (steps,)
         comm_wait = step[None, :] - busy
         done_of_rank = island_done[layout.island_of]  # (world, steps)
@@ -259,6 +263,13 @@ class JobModel:
         cols.probe = self._probe(seq, step_mean)
         return cols
 
+    def _island_done(self, busy: np.ndarray, island_comm: np.ndarray) -> np.ndarray:
+        """(islands, steps): when each island's slowest rank and its own stage are done."""
+        done = np.empty_like(island_comm)
+        for k in range(len(island_comm)):
+            done[k] = busy[self.layout.island_of == k].max(axis=0) + island_comm[k]
+        return done
+
     def _add_transients(self, seq: int, compute: np.ndarray) -> None:
         """GC pauses, short per-rank spikes and checkpoints: slow, but not faults."""
         spec, rng, noise = self.spec, self.rng, self.spec.noise
@@ -283,7 +294,8 @@ class JobModel:
             # stands out, but the job's step time jumps for one window.
             step_at = int(rng.integers(steps))
             compute[:, step_at] += noise.checkpoint_ms * rng.lognormal(0.0, 0.1, world)
-            self.transients.append(Transient("checkpoint", seq, None, noise.checkpoint_ms / (steps * float(self.nominal_busy.mean()))))
+            rise = noise.checkpoint_ms / (steps * float(self.nominal_busy.mean()))
+            self.transients.append(Transient("checkpoint", seq, None, rise))
 
     def _telemetry(self, seq: int, intensities: list[float]) -> Telemetry:
         layout, rng, noise = self.layout, self.rng, self.spec.noise

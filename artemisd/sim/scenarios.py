@@ -64,6 +64,7 @@ class SuiteSpec(_Spec):
     ranks_per_node: tuple[int, ...] = (8,)
     windows: tuple[int, int] = (40, 60)
     window_steps: tuple[int, ...] = (50,)
+    batch: tuple[int, ...] = (1, 2, 4, 8, 16)  # samples per rank per step; differs between workloads
     compute_ms: Range = (300.0, 500.0)
     comm_share: Range = (0.15, 0.3)  # exposed comm per step / compute
     varlen_share: float = Field(default=0.4, ge=0, le=1)  # jobs with variable-length batches
@@ -136,6 +137,7 @@ class _Drawer:
             "islands": islands, "ranks_per_node": rpn,
             "windows": int(rng.integers(s.windows[0], s.windows[1] + 1)),
             "window_steps": int(rng.choice(s.window_steps)),
+            "batch": int(rng.choice(s.batch)),
             "comm_ms": compute * self.uniform(s.comm_share),
             "noise": noise,
             "host_telemetry": bool(rng.random() >= s.no_host_telemetry),

@@ -1,0 +1,85 @@
+"""Replay over simulated traces: every cause is found, named, and nothing else is reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from artemisd.replay import replay_records
+from artemisd.sim import AMD_MI300X, NVIDIA_H100, FaultSpec, Fleet, FleetSpec, JobSpec, NoiseSpec
+from artemisd.sim.scenarios import change_pair
+from artemisd.sim.score import score
+from artemisd.wire import parse_record
+
+# Known pipeline gap (reported to the analysis owner): a node subject is
+# blamed on gpu.power when any one of its GPUs shows sw_power_cap, which
+# healthy GPUs at full load do now and then (at the default power limit).
+# strict: the marker has to go once the localizer is fixed.
+BENIGN_POWER_CAP = pytest.mark.xfail(
+    strict=True, reason="localize: one GPU's benign sw_power_cap on a node subject outweighs iowait/steal")
+RANK_AND_NODE = [
+    ("gpu.thermal", {"rank": 5}),
+    ("gpu.power", {"rank": 9}),
+    ("gpu.clocks", {"rank": 30}),
+    pytest.param("host.cpu", {"node": 1}, marks=BENIGN_POWER_CAP),
+    ("host.cpu", {"rank": 17, "variant": "steal"}),
+    ("input.loader", {"rank": 2}),
+    pytest.param("input.storage", {"node": 3}, marks=BENIGN_POWER_CAP),
+    ("comm.link", {"node": 2}),
+]
+_IDS = ["gpu.thermal", "gpu.power", "gpu.clocks", "host.cpu-node", "host.cpu-rank", "input.loader",
+        "input.storage-node", "comm.link"]
+
+
+def _replay(spec: FleetSpec):
+    fleet = Fleet(spec)
+    records = [parse_record(r) for r in fleet.records()]
+    incidents = replay_records(records)
+    return score(fleet.truth(), [i.contract_dict() for i in incidents]), incidents
+
+
+def _assert_found(result, cause: str) -> None:
+    s, incidents = result
+    listing = [(i.kind.value, i.rank, i.node, i.cause.value, i.confirmed_window) for i in incidents]
+    assert s.recall == 1.0, f"{cause} not found; incidents: {listing}"
+    assert s.cause_accuracy == 1.0, f"{cause} found with another cause: {listing}"
+    assert s.precision == 1.0 and s.duplicates == 0, f"extra incidents: {listing}"
+    assert s.median_latency is not None and s.median_latency <= 3
+
+
+@pytest.mark.parametrize("cause,target", RANK_AND_NODE, ids=_IDS)
+def test_replay_finds_rank_node_and_link_faults(cause, target):
+    job = JobSpec(job="50", islands=(NVIDIA_H100.model_copy(update={"ranks": 32}),), windows=24,
+                  noise=NoiseSpec(healthy_slow=1),
+                  faults=(FaultSpec(cause=cause, onset=10, magnitude=0.2, **target),))
+    _assert_found(_replay(FleetSpec(seed=21, jobs=(job,))), cause)
+
+
+def test_replay_finds_an_island_fault_in_a_mixed_job():
+    islands = (NVIDIA_H100.model_copy(update={"ranks": 16}), AMD_MI300X.model_copy(update={"ranks": 16}))
+    job = JobSpec(job="51", islands=islands, windows=24,
+                  faults=(FaultSpec(cause="comm.island", island="amd", onset=10, magnitude=0.2),))
+    _assert_found(_replay(FleetSpec(seed=22, jobs=(job,))), "comm.island")
+
+
+@pytest.mark.parametrize("cause", ["change.driver", "change.comm_lib", "change.config"])
+def test_replay_finds_a_change_regression(cause):
+    ref = JobSpec(job="60", islands=(NVIDIA_H100.model_copy(update={"ranks": 16}),), windows=12, first_node=0)
+    _assert_found(_replay(FleetSpec(seed=23, jobs=(ref, change_pair(ref, cause, 0.2, "61")))), cause)
+
+
+def test_replay_reports_nothing_for_healthy_jobs_with_slow_but_healthy_gpus():
+    ref = JobSpec(job="70", islands=(NVIDIA_H100.model_copy(update={"ranks": 32}),), windows=30, first_node=0,
+                  noise=NoiseSpec(healthy_slow=2, step=0.07))
+    benign = change_pair(ref, "change.driver", 0.2, "71", slowed=False)
+    s, incidents = _replay(FleetSpec(seed=24, jobs=(ref, benign)))
+    assert incidents == [], [(i.kind.value, i.rank, i.cause.value) for i in incidents]
+
+
+def test_replay_handles_a_1024_rank_40_window_trace():
+    # Issue 2: "a 1,024-rank, 40-window trace in seconds, not minutes" - no
+    # timing assertion here (shared CI cores); docs/benchmarks.md has the time.
+    job = JobSpec(job="80", islands=(NVIDIA_H100.model_copy(update={"ranks": 1024}),), windows=40,
+                  faults=(FaultSpec(cause="gpu.thermal", rank=777, onset=15, magnitude=0.15),))
+    s, incidents = _replay(FleetSpec(seed=25, jobs=(job,)))
+    assert s.recall == 1.0 and s.cause_accuracy == 1.0
+    assert s.outcomes[0].first["node"] == "n00097"  # rank 777's node (8 ranks per node)
