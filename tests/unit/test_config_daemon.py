@@ -1,0 +1,67 @@
+"""artemis.conf daemon, mail and PartitionPolicy keys: values, defaults, errors with file:line:key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from artemisd.config import ConfigError, load_config, parse_config_text
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "packaging" / "artemis.conf.example"
+
+
+def test_defaults_are_safe():
+    config = parse_config_text("")
+    d = config.daemon
+    assert d.auth_type == "munge" and d.enabled and not d.dry_run and d.hard_action_evidence == "root"
+    pol = config.policy_for("anything")
+    assert pol.auto == ("rebalance", "escalate") and "drain" in pol.approve
+
+
+def test_values_and_units():
+    config = parse_config_text(
+        'Listen=127.0.0.1:7000 AuthType=none AdminUids=1001,1002\n'
+        'probemininterval=15m ProbeMaxPerHour=2 EvidenceMaxAge=1h\n'
+        'MailRelay=smtp.example.org:25 MailTo="a@example.org, b@example.org"\n'
+        'PartitionPolicy=gpu* Auto=correct,drain Approve=requeue MaxDrainFraction=0.05 Cooldown=30m\n')
+    d = config.daemon
+    assert d.admin_uids == (1001, 1002) and d.probe_min_interval == 900 and d.evidence_max_age == 3600
+    assert config.mail.mail_to == ("a@example.org", "b@example.org")
+    [pol] = config.policies
+    assert pol.name == "gpu*" and pol.cooldown == 1800 and pol.approve == ("requeue",)
+
+
+def test_auto_without_approve_leaves_the_rest_to_approval():
+    [pol] = parse_config_text("PartitionPolicy=p Auto=drain\n").policies
+    assert "drain" not in pol.approve and "requeue" in pol.approve
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("\nListen=0.0.0.0:6820 AuthType=none\n", "AuthType", 2),
+    ("PartitionPolicy=x Auto=reboot\n", "Auto", 1),
+    ("Listen=6820\n", "Listen", 1),
+    ("\n\nPartitionPolicy=x MaxDrainFraction=2\n", "MaxDrainFraction", 3),
+    ("PartitionPolicy=x Bogus=1\n", "Bogus", 1),
+    ("PartitionPolicy=x Auto=drain Approve=drain\n", "PartitionPolicy", 1),
+    ("RetryBackoff=soon\n", "RetryBackoff", 1),
+    ("MaxDrainFraction=0.1\n", "MaxDrainFraction", 1),  # a policy key outside a PartitionPolicy line
+])
+def test_errors_name_file_line_and_key(text, key, line):
+    with pytest.raises(ConfigError) as err:
+        parse_config_text(text, "site.conf")
+    assert (err.value.file, err.value.line, err.value.key) == ("site.conf", line, key)
+
+
+def test_policies_from_includes_keep_file_order(tmp_path):
+    (tmp_path / "policy.d").mkdir()
+    (tmp_path / "policy.d" / "10-gpu.conf").write_text("PartitionPolicy=gpu Auto=drain\n")
+    (tmp_path / "policy.d" / "99-default.conf").write_text("PartitionPolicy=DEFAULT Auto=escalate\n")
+    (tmp_path / "artemis.conf").write_text("DryRun=yes\nInclude policy.d/*.conf\n")
+    config = load_config(tmp_path / "artemis.conf")
+    assert [p.name for p in config.policies] == ["gpu", "DEFAULT"] and config.daemon.dry_run
+
+
+def test_shipped_example_parses():
+    config = load_config(EXAMPLE)
+    assert config.policies

@@ -1,0 +1,93 @@
+"""Policy: ladders, modes, corroboration and budgets, on plain values."""
+
+from __future__ import annotations
+
+import pytest
+
+from artemisd import policy
+from artemisd.config import PartitionPolicy, parse_config_text
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind
+
+GPU = PartitionPolicy(name="gpu", auto=("rebalance", "drain", "escalate"), approve=("requeue",))
+
+
+def incident(cause: Cause, evidence: list[Evidence] | None = None) -> Incident:
+    return Incident(id="INC-1", job="7", kind=IncidentKind.RANK, rank=2, node="n2", cause=cause,
+                    evidence=evidence or [])
+
+
+def test_ladders_fall_back_to_more_disruptive_then_to_a_person():
+    assert policy.ladder("correct") == ("correct", "drain", "escalate")
+    assert policy.ladder("rebalance") == ("rebalance", "escalate")
+    assert policy.ladder(None) == ("escalate",)
+
+
+def test_first_matching_partition_policy_wins():
+    config = parse_config_text("PartitionPolicy=gpu* Auto=drain\nPartitionPolicy=gpu-big Auto=rebalance\n"
+                               "PartitionPolicy=DEFAULT Auto=escalate\n")
+    assert config.policy_for("gpu-big").name == "gpu*"
+    assert config.policy_for("cpu").name == "DEFAULT"
+    assert config.policy_for(None).name == "DEFAULT"
+    assert parse_config_text("").policy_for("x").name == "DEFAULT"
+
+
+@pytest.mark.parametrize("kind,mode", [("drain", "auto"), ("requeue", "approve"), ("correct", "recommend")])
+def test_modes_follow_the_lists(kind, mode):
+    assert policy.decide(kind, GPU, target="n2").mode == mode
+
+
+def test_hard_action_without_corroboration_is_only_recommended():
+    d = policy.decide("drain", GPU, target="n2", corroboration=(False, "no root-side node event from n2"))
+    assert d.mode == "recommend" and "root-side" in d.why
+    assert policy.decide("rebalance", GPU, target="7:2", corroboration=(False, "x")).mode == "auto"
+
+
+def test_budget_and_cooldown_refuse_with_reasons():
+    assert "budget" in policy.decide("drain", GPU, target="n2", budget=(False, "drain budget spent")).why
+    assert "cooldown" in policy.decide("drain", GPU, target="n2", cooldown_left=30).why
+    assert policy.decide("escalate", GPU, target=None).mode == "auto"
+    assert policy.decide("drain", GPU, target=None).mode == "recommend"
+
+
+@pytest.mark.parametrize("size,drained,hour,ok", [
+    (20, 1, 0, True), (20, 2, 0, False),  # 0.1 x 20 = 2 nodes: the second is the last
+    (20, 0, 2, False), (5, 0, 0, False),  # 0.1 x 5 rounds down to 0: never drain a tiny partition
+])
+def test_drain_budget(size, drained, hour, ok):
+    pol = PartitionPolicy(name="p", max_drain_fraction=0.1, max_drains_per_hour=2)
+    assert policy.drain_budget(pol, size, drained, hour)[0] is ok
+
+
+@pytest.mark.parametrize("cause,gpu,agrees", [
+    (Cause.GPU_THERMAL, {"index": 0, "throttle": ["hw_thermal"]}, True),
+    (Cause.GPU_THERMAL, {"index": 0, "throttle": []}, False),
+    (Cause.GPU_POWER, {"index": 0, "power_limit_w": 500, "default_power_limit_w": 700}, True),
+    (Cause.GPU_CLOCKS, {"index": 0, "sm_clock_mhz": 1200, "max_sm_clock_mhz": 1980}, True),
+    (Cause.GPU_CLOCKS, {"index": 0, "sm_clock_mhz": 1950, "max_sm_clock_mhz": 1980}, False),
+])
+def test_root_side_corroboration_must_show_the_cause(cause, gpu, agrees):
+    ok, why = policy.corroborated(incident(cause), {"gpus": [gpu]}, 10.0, 900.0, "root", 0.04)
+    assert ok is agrees, why
+
+
+def test_stale_or_missing_root_evidence_does_not_count():
+    event = {"gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}
+    assert not policy.corroborated(incident(Cause.GPU_THERMAL), event, 1000.0, 900.0, "root", 0.04)[0]
+    ok, why = policy.corroborated(incident(Cause.GPU_THERMAL), None, None, 900.0, "root", 0.04)
+    assert not ok and "no root-side" in why
+
+
+def test_probe_counts_only_when_the_site_trusts_it():
+    ev = [Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0)]
+    assert not policy.corroborated(incident(Cause.GPU_CLOCKS, ev), None, None, 900.0, "root", 0.04)[0]
+    assert policy.corroborated(incident(Cause.GPU_CLOCKS, ev), None, None, 900.0, "root_or_probe", 0.04)[0]
+    normal = [Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0)]
+    assert not policy.corroborated(incident(Cause.GPU_CLOCKS, normal), None, None, 900.0, "root_or_probe", 0.04)[0]
+
+
+def test_link_needs_retransmits_and_software_causes_are_never_drained():
+    link = Incident(id="INC-2", job="7", kind=IncidentKind.LINK, node="n3", cause=Cause.COMM_LINK)
+    assert policy.corroborated(link, {"host": {"net_retransmits_per_s": 80.0}}, 1.0, 900.0, "root", 0.04)[0]
+    assert not policy.corroborated(link, {"host": {"net_retransmits_per_s": 0.0}}, 1.0, 900.0, "root", 0.04)[0]
+    ok, why = policy.corroborated(incident(Cause.INPUT_LOADER), {"gpus": []}, 1.0, 900.0, "root", 0.04)
+    assert not ok and "not a hardware fault" in why

@@ -1,0 +1,55 @@
+"""The SQLite store: WAL, append-only audit, bounded history, ids across reopen."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from artemisd.store import Store, StoredIncident
+
+
+def test_wal_and_ids_survive_reopen(tmp_path):
+    store = Store(tmp_path / "a.db")
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.next_id("incident", "INC-") == "INC-1"
+    store.close()
+    store = Store(tmp_path / "a.db")
+    assert store.next_id("incident", "INC-") == "INC-2"
+
+
+def test_audit_log_is_append_only(tmp_path):
+    store = Store(tmp_path / "a.db")
+    store.audit("uid 0", "approved drain n2", incident="INC-1")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.db.execute("UPDATE audit SET who = 'someone else'")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.db.execute("DELETE FROM audit")
+    assert [a["who"] for a in store.audit_log("INC-1")] == ["uid 0"]
+
+
+def test_window_history_is_bounded_per_job(tmp_path):
+    store = Store(tmp_path / "a.db")
+    rows = [(job, seq, "n1", 0.0, None, False, "{}") for job in ("1", "2") for seq in range(100)]
+    rows.append(("1", None, "n1", 0.0, 0, True, "{}"))  # a node event of the job
+    store.add_records(rows)
+    assert store.prune_records("1", keep_windows=10) == 90
+    windows = [w for (w,) in store.db.execute("SELECT window FROM records WHERE job = '1' AND window IS NOT NULL")]
+    assert sorted(windows) == list(range(90, 100))
+    assert store.db.execute("SELECT COUNT(*) FROM records WHERE job = '1' AND window IS NULL").fetchone()[0] == 1
+    assert store.db.execute("SELECT COUNT(*) FROM records WHERE job = '2'").fetchone()[0] == 100
+
+
+def test_incident_round_trip_and_action_intent(tmp_path):
+    store = Store(tmp_path / "a.db")
+    inc = StoredIncident("INC-3", "7", "0", "confirmed", "7|rank|2|n2|None|x", "A-1", 0, None, 300.0, True,
+                         {"id": "INC-3"}, 1.0, 1.0)
+    store.save_incident(inc)
+    got = store.incident("INC-3")
+    assert got.decide is True and got.baseline == 300.0 and got.body == {"id": "INC-3"}
+    aid = store.add_action("INC-3", "drain", "n2", {"node": "n2"}, "queued", now=10.0)
+    store.update_action(aid, "running", attempt=True)
+    assert [a.id for a in store.due_actions(now=10.0)] == [aid]  # open intent is re-run after a crash
+    assert store.drained_nodes() == {"n2"}
+    store.update_action(aid, "rolled_back", "undrain queued")
+    assert store.drained_nodes() == set()
