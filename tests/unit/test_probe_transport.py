@@ -1,0 +1,164 @@
+"""The probe's sender: file traces, HTTP with a munge credential, and daemons that misbehave."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from torch_hook.munge import MungeSigner
+from torch_hook.transport import Sender
+
+
+def _report(seq: int) -> dict:
+    return {"type": "window", "v": 1, "job": "1", "rank": 0, "world": 1, "node": "n1",
+            "window": {"seq": seq, "first_step": seq, "steps": 1, "t0": 1.0, "t1": 2.0},
+            "ms": {"step": 1.0, "comm_wait": 0.5}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    reply: bytes = b"{}"
+    delay_s = 0.0
+    seen: list[tuple[bytes, str | None]] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.seen.append((body, self.headers.get("Authorization")))
+        time.sleep(self.delay_s)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.reply)))
+            self.end_headers()
+            self.wfile.write(self.reply)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the probe gave up waiting, as it should
+
+
+@pytest.fixture
+def server():
+    _Handler.seen, _Handler.delay_s, _Handler.reply = [], 0.0, b"{}"
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def test_file_endpoint_appends_json_lines(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    sender = Sender(f"file:{path}")
+    for i in range(5):
+        assert sender.submit(_report(i))
+    sender.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["window"]["seq"] for r in lines] == list(range(5))
+    assert all(r["dropped_reports"] == 0 for r in lines) and sender.sent == 5
+
+
+def test_http_reply_directives_reach_the_handler(server):
+    _Handler.reply = json.dumps({"accepted": 1, "rejected": [], "directives": [{"type": "probe", "id": "P"}]}).encode()
+    replies = []
+    sender = Sender(server, on_reply=replies.append)
+    sender.submit(_report(0))
+    assert sender.flush(5.0)
+    sender.close()
+    assert replies and replies[0]["directives"][0]["id"] == "P"
+    body, auth = _Handler.seen[0]
+    assert json.loads(body)[0]["window"]["seq"] == 0
+    assert auth is not None or sender.unauthenticated == 1  # no munged: sent, and counted
+
+
+def test_slow_daemon_never_blocks_submit_and_drops_are_counted(server):
+    _Handler.delay_s = 1.0
+    sender = Sender(server, queue_size=2, timeout_s=0.2)
+    t0 = time.perf_counter()
+    accepted = [sender.submit(_report(i)) for i in range(50)]
+    assert time.perf_counter() - t0 < 0.1  # never waits on the daemon
+    assert accepted.count(False) >= 40
+    sender.flush(3.0)
+    sender.close(timeout_s=3.0)
+    assert sender.dropped >= 48 and sender.sent == 0
+
+
+def test_garbage_reply_and_no_daemon(server):
+    _Handler.reply = b"\x00not json"
+    sender = Sender(server)
+    sender.submit(_report(0))
+    sender.flush(5.0)
+    sender.close()
+    assert sender.bad_replies == 1 and sender.sent == 1
+    dead = Sender("http://127.0.0.1:9", timeout_s=0.5)  # discard port: nothing listens
+    dead.submit(_report(0))
+    dead.flush(5.0)
+    dead.submit(_report(1))
+    dead.flush(5.0)
+    dead.close()
+    assert dead.dropped == 2 and dead.last_error
+
+
+def test_enrich_failure_still_sends(tmp_path):
+    path = tmp_path / "t.jsonl"
+
+    def broken(report):
+        raise RuntimeError("telemetry exploded")
+
+    sender = Sender(f"file:{path}", enrich=broken)
+    sender.submit(_report(0))
+    sender.close()
+    assert len(path.read_text().splitlines()) == 1 and sender.errors == 1
+
+
+@pytest.fixture
+def munged(tmp_path):
+    if not (shutil.which("munged") or shutil.which("/usr/sbin/munged")) or not shutil.which("mungekey"):
+        pytest.skip("munge is not installed (scripts/apt-packages.txt lists it)")
+    key, sock = tmp_path / "munge.key", tmp_path / "munge.sock"
+    subprocess.run(["mungekey", "--create", f"--keyfile={key}", "--bits=256"], check=True, timeout=10)
+    proc = subprocess.Popen([shutil.which("munged") or "/usr/sbin/munged", "--foreground", "--force",
+                             f"--socket={sock}", f"--key-file={key}", f"--pid-file={tmp_path}/pid",
+                             f"--log-file={tmp_path}/log", f"--seed-file={tmp_path}/seed"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if sock.exists():
+            break
+        time.sleep(0.05)
+    yield str(sock)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_munge_credential_carries_the_body_digest(munged, server):
+    body = b'[{"type":"window"}]'
+    signer = MungeSigner(munged)
+    cred = signer.credential(body)
+    assert cred and cred.startswith("MUNGE:")
+    decoded = subprocess.run(["unmunge", f"--socket={munged}", "--metadata=/dev/null"], input=cred.encode(),
+                             capture_output=True, timeout=10, check=True).stdout.decode().strip()
+    assert decoded == hashlib.sha256(body).hexdigest()
+    sender = Sender(server, munge_socket=munged)
+    sender.submit(_report(0))
+    sender.flush(5.0)
+    sender.close()
+    sent, auth = _Handler.seen[0]
+    assert auth and auth.startswith("Munge MUNGE:") and sender.unauthenticated == 0
+    payload = subprocess.run(["unmunge", f"--socket={munged}", "--metadata=/dev/null"],
+                             input=auth.split(" ", 1)[1].encode(), capture_output=True, timeout=10,
+                             check=True).stdout.decode().strip()
+    assert payload == hashlib.sha256(sent).hexdigest()
+
+
+def test_munge_without_daemon_returns_none(tmp_path):
+    signer = MungeSigner(str(tmp_path / "no.sock"))
+    assert signer.credential(b"x") is None and signer.last_error
