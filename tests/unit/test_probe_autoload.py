@@ -70,6 +70,7 @@ def test_uninstall_restores_every_patch():
     code = (
         "import torch, torch.distributed as dist, torch_hook\n"
         "from torch.utils.data import dataloader\n"
+        "from torch.optim import optimizer\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "c10d = dist.distributed_c10d\n"
         "before = [dist.all_reduce, c10d.all_reduce, c10d.Work.wait, dataloader._BaseDataLoaderIter.__next__,"
@@ -79,6 +80,6 @@ def test_uninstall_restores_every_patch():
         "    torch_hook.uninstall()\n"
         "after = [dist.all_reduce, c10d.all_reduce, c10d.Work.wait, dataloader._BaseDataLoaderIter.__next__,"
         " DDP.__init__, DDP.register_comm_hook, dist.barrier]\n"
-        "print(all(a is b for a, b in zip(before, after)), len(__import__("torch.optim.optimizer", fromlist=["x"])._global_optimizer_post_hooks))\n"
+        "print(all(a is b for a, b in zip(before, after)), len(optimizer._global_optimizer_post_hooks))\n"
     )
     assert _python(code, {"PYTHONPATH": str(ROOT), "ARTEMIS_TELEMETRY": "none"}) == "True 0"
