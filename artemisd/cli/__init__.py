@@ -13,6 +13,8 @@ from artemisd import __version__
 COMMAND_MODULES = (
     "artemisd.cli.replay",
     "artemisd.cli.sim",
+    "artemisd.cli.admin",
+    "artemisd.cli.config_check",
 )
 
 

@@ -1,0 +1,172 @@
+"""The real ``artemisd`` process and the ``artemis`` admin commands against it.
+
+artemisd runs as a subprocess on a free loopback port (AuthType=none) with its
+SQLite file in tmp; no Slurm is configured here, so its Slurm calls fail and
+decisions wait — which is what these tests need: incidents stay put while we
+kill -9 the daemon, restart it, reload its config and read it with the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from artemisd.cli import main as artemis
+from tests.unit.windows import lockstep
+
+NODES = [f"n{r // 2}" for r in range(8)]
+HEALTHY = [50.0] * 8
+SLOW = [62.0 if r == 2 else 50.0 for r in range(8)]
+SLOW_GPU = {2: {"sm_clock_mhz": 1300, "throttle": ["applications_clocks"]}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Artemisd:
+    def __init__(self, tmp: Path, extra: str = ""):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.conf = tmp / "artemis.conf"
+        self.conf.write_text(f"Listen=127.0.0.1:{self.port}\nAuthType=none\nStateDir={tmp / 'state'}\n"
+                             f"SlurmTimeout=5\n{extra}")
+        self.log = tmp / "artemisd.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Artemisd:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = "/nonexistent/slurm.conf"  # no cluster: Slurm calls fail fast
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "artemisd.server", "--config", str(self.conf)],
+                                         stdout=log, stderr=log, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/v1/health")["ok"]:
+                    return self
+            except OSError:
+                time.sleep(0.1)
+            assert self.proc.poll() is None, self.log.read_text()
+        raise AssertionError(f"artemisd did not come up:\n{self.log.read_text()}")
+
+    def get(self, path: str):
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def post(self, items: list) -> dict:
+        body = json.dumps([r.model_dump(mode="json", exclude_none=True) for r in items]).encode()
+        req = urllib.request.Request(f"{self.url}/v1/reports", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Artemisd(tmp_path)
+    yield d.start()
+    d.stop()
+
+
+def feed(d: Artemisd, seqs: range, busy, **kw) -> None:
+    for seq in seqs:
+        d.post(lockstep(seq, busy, nodes=NODES, **kw))
+
+
+def test_incident_survives_kill_9_without_duplicates(daemon, capsys):
+    feed(daemon, range(0, 8), HEALTHY)
+    feed(daemon, range(8, 11), SLOW, gpu=SLOW_GPU)
+    [before] = daemon.get("/v1/incidents")["incidents"]
+    assert before["state"] == "confirmed" and before["cause"] == "gpu.clocks"
+    daemon.kill9()
+    daemon.start()
+    [after] = daemon.get("/v1/incidents")["incidents"]
+    assert after == before
+    feed(daemon, range(11, 14), SLOW, gpu=SLOW_GPU)  # the same straggler keeps going
+    incidents = daemon.get("/v1/incidents?all=1")["incidents"]
+    assert [i["id"] for i in incidents] == [before["id"]]
+    assert artemis(["incidents", "--json", "--server", daemon.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(x)["id"] for x in lines] == [before["id"]]
+
+
+def test_admin_commands_and_plot(daemon, tmp_path, capsys):
+    feed(daemon, range(0, 8), HEALTHY)
+    feed(daemon, range(8, 11), SLOW, gpu=SLOW_GPU)
+    [inc] = daemon.get("/v1/incidents")["incidents"]
+    assert artemis(["status", "--server", daemon.url]) == 0
+    out = capsys.readouterr().out
+    assert "auth=none" in out and "1 confirmed" in out
+    assert artemis(["incidents", "--server", daemon.url]) == 0
+    out = capsys.readouterr().out
+    assert inc["id"] in out and "gpu.clocks" in out
+    png = tmp_path / "timeline.png"
+    assert artemis(["show", inc["id"], "--server", daemon.url, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "audit:" in out and "confirmed" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # Nothing awaits approval: a clear error, exit status 1.
+    assert artemis(["approve", inc["id"], "--config", str(daemon.conf)]) == 1
+    assert "no action waiting for approval" in capsys.readouterr().err
+    assert artemis(["show", "INC-999", "--server", daemon.url]) == 1
+    assert "404" in capsys.readouterr().err
+
+
+def test_sighup_reload_keeps_old_config_on_error(daemon):
+    assert daemon.get("/v1/status")["dry_run"] is False
+    good = daemon.conf.read_text()
+    daemon.conf.write_text(good + "DryRun=yes\nPartitionPolicy=gpu Auto=reboot\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while "config reload failed" not in daemon.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    logged = [json.loads(x) for x in daemon.log.read_text().splitlines() if "config reload failed" in x]
+    assert logged and logged[0]["line"] == len(good.splitlines()) + 2 and logged[0]["key"] == "Auto"
+    assert daemon.get("/v1/status")["dry_run"] is False
+    daemon.conf.write_text(good + "DryRun=yes\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while not daemon.get("/v1/status")["dry_run"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemon.get("/v1/status")["dry_run"] is True
+
+
+def test_config_check_command(tmp_path, capsys):
+    conf = tmp_path / "a.conf"
+    conf.write_text("DryRun=yes\n\nPartitionPolicy=gpu Auto=drain MaxDrainFraction=1.5\n")
+    assert artemis(["config", "check", str(conf)]) == 1
+    assert f"{conf}:3: MaxDrainFraction" in capsys.readouterr().err
+    conf.write_text("DryRun=yes\nPartitionPolicy=gpu Auto=drain\n")
+    assert artemis(["config", "check", str(conf)]) == 0
+    assert "DRY RUN" in capsys.readouterr().out
+
+
+def test_metrics_endpoint(daemon):
+    feed(daemon, range(0, 2), HEALTHY)
+    with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert 'artemis_reports_total{outcome="accepted"} 16.0' in text
