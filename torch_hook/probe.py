@@ -9,11 +9,12 @@ So at each window boundary -- once every W steps -- the ranks all-reduce one
 tiny int64 tensor (MAX) carrying, per pending directive, its hash and the
 negated hash (so MAX yields both the largest and the smallest hash), plus the
 negated window length each rank proposes.  A directive runs when every rank
-holds the same one; windows get the shortest proposed length.  The tensor
+holds the same one; windows get the shortest proposed length.  The all-reduce
+is asynchronous and read one boundary later, so it never stalls a step; it
 travels on a gloo group (the default group when it is gloo, else one created
-once), so it never touches a GPU stream.  Its cost is measured
-(``stats()["sync_ms"]``) and excluded from step times, like the probe's own
-benchmark.
+once), so it never touches a GPU stream.  Its cost on the training thread is
+measured (``stats()["sync_ms"]``); boundary work (and the probe's own
+benchmark) is excluded from step times.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Probe:
         self._shares: dict[int, float] = {}
         self._probe_result: dict[str, Any] | None = None
         self._control: Any = None
+        self._agreement: tuple[Any, torch.Tensor, str | None, Any] | None = None
         self._meta: tuple[list[str], Any] | None = None
         self._device_index: int | None = None
         self._comm_lib: str | None = None
@@ -173,25 +175,33 @@ class Probe:
         with self._lock:
             probe_id = self._pending_probe
             shares = self._pending_shares
-        t0 = time.perf_counter()
-        if self._distributed():
-            if not self.config.boundary_sync:
-                probe_id = None  # an unagreed probe could deadlock the job: never run it
-                run_probe, apply_shares, steps = False, shares is not None, self.config.window_steps
-            else:
-                run_probe, apply_shares, steps = self._agree(probe_id, shares[0] if shares else None, propose)
-            self.sync_ms.append((time.perf_counter() - t0) * 1e3)
+        run_probe: str | None = None
+        apply: tuple[str, dict[int, float]] | None = None
+        steps: int | None = None
+        if not self._distributed():
+            run_probe, apply, steps = probe_id, shares, propose
+        elif not self.config.boundary_sync:
+            apply = shares  # an unagreed probe could deadlock the job: never run one
         else:
-            run_probe, apply_shares, steps = probe_id is not None, shares is not None, propose
-        self.recorder.next_window_steps(steps)
-        if apply_shares and shares is not None:
+            t0 = time.perf_counter()
+            decided = self._collect_agreement()
+            if decided is not None:
+                run_probe, apply, steps = decided
+            # What was just decided is not proposed again.
+            self._issue_agreement(None if probe_id == run_probe else probe_id,
+                                  None if apply is not None and shares is not None and shares[0] == apply[0] else shares,
+                                  propose)
+            self.sync_ms.append((time.perf_counter() - t0) * 1e3)
+        if steps is not None:
+            self.recorder.next_window_steps(steps)
+        if apply is not None:
             with self._lock:
-                self._shares = dict(shares[1])
-                self._done_ids.add(shares[0])
-                if self._pending_shares is shares:
+                self._shares = dict(apply[1])
+                self._done_ids.add(apply[0])
+                if self._pending_shares is apply:
                     self._pending_shares = None
-        if run_probe and probe_id is not None:
-            self._run_probe(probe_id)
+        if run_probe is not None:
+            self._run_probe(run_probe)
         self.recorder.restart_step_clock()
 
     def _control_group(self) -> Any:
@@ -202,17 +212,41 @@ class Probe:
             self._control = dist.GroupMember.WORLD if "gloo" in backend else dist.new_group(backend="gloo")
         return self._control
 
-    def _agree(self, probe_id: str | None, shares_id: str | None, propose: int) -> tuple[bool, bool, int]:
+    def _issue_agreement(self, probe_id: str | None, shares: tuple[str, dict[int, float]] | None,
+                         propose: int) -> None:
+        """Start this boundary's agreement; it is read at the next boundary.
+
+        Pipelining by one window keeps the all-reduce off the step's critical
+        path (it runs on gloo's worker thread while training goes on); every
+        rank still acts on the same result at the same boundary.
+        """
         hp = directive_hash(probe_id) if probe_id else 0
-        hs = directive_hash(shares_id) if shares_id else 0
+        hs = directive_hash(shares[0]) if shares else 0
         tensor = torch.tensor([hp, -hp, hs, -hs, -propose], dtype=torch.int64)
         _local.inside = True
         try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control_group())
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control_group(), async_op=True)
+        finally:
+            _local.inside = False
+        self._agreement = (work, tensor, probe_id, shares)
+
+    def _collect_agreement(self) -> tuple[str | None, tuple[str, dict[int, float]] | None, int] | None:
+        """Result of the previous boundary's agreement: (probe to run, shares to apply, window length)."""
+        if self._agreement is None:
+            return None
+        work, tensor, probe_id, shares = self._agreement
+        self._agreement = None
+        _local.inside = True
+        try:
+            work.wait()  # issued a whole window ago: already complete in practice
         finally:
             _local.inside = False
         top_p, low_p, top_s, low_s, steps = (int(v) for v in tensor.tolist())
-        return (hp > 0 and top_p == -low_p == hp, hs > 0 and top_s == -low_s == hs, max(1, -steps))
+        hp = directive_hash(probe_id) if probe_id else 0
+        hs = directive_hash(shares[0]) if shares else 0
+        run = probe_id if hp and top_p == -low_p == hp else None
+        apply = shares if hs and top_s == -low_s == hs else None
+        return run, apply, max(1, -steps)
 
     def _run_probe(self, probe_id: str) -> None:
         rank, world = self.rank_world()
