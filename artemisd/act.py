@@ -19,13 +19,16 @@ whose drain reason names the very incident that drained it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
-from artemisd.slurm.api import REASON_PREFIX, SlurmBackend, SlurmError
+from artemisd.slurm.api import REASON_PREFIX, JobInfo, SlurmBackend, SlurmError
 
 # Slurm keeps reasons and comments short in its tables; stay well inside.
 MAX_REASON = 240
+PENDING_POLLS = 40
+PENDING_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -90,15 +93,28 @@ class Actuator:
             return Outcome("done", f"job {job_id} already requeued excluding {node}")
         if job.finished:
             return Outcome("failed", f"job {job_id} already ended ({job.state})")
-        if job.running:
+        if job.state in ("RUNNING", "SUSPENDED", "CONFIGURING"):
             self.slurm.requeue_hold(job_id)
-            job = self.slurm.job(job_id)
-            if job is None or not job.pending:
-                raise SlurmError(f"job {job_id} not pending after requeuehold")
+            job = self._wait_pending(job_id)
+        elif not job.pending:
+            # COMPLETING / REQUEUED: the old run is still being torn down; ExcNodeList
+            # only changes once it is pending again.
+            job = self._wait_pending(job_id)
         if node not in job.excluded_nodes:
             self.slurm.set_excluded_nodes(job_id, tuple(job.excluded_nodes) + (node,))
         self.slurm.release(job_id)
         return Outcome("done", f"job {job_id} requeued excluding {node}")
+
+    def _wait_pending(self, job_id: str) -> JobInfo:
+        """A requeued job passes through COMPLETING before it is pending again (bounded wait)."""
+        seen = ""
+        for _ in range(PENDING_POLLS):
+            job = self.slurm.job(job_id)
+            if job is not None and job.pending:
+                return job
+            seen = job.state if job else "gone"
+            time.sleep(PENDING_POLL_S)
+        raise SlurmError(f"job {job_id} not pending after requeuehold (state {seen}); retried later")
 
     def constrain(self, job_id: str, feature: str) -> Outcome:
         job = self.slurm.job(job_id)
@@ -114,7 +130,8 @@ class Actuator:
         job = self.slurm.job(job_id)
         if job is None:
             return Outcome("failed", f"job {job_id} unknown to Slurm")
-        if text in job.admin_comment:
+        # casefold: sacctmgr (22.05) lowercases an AdminComment set on a finished job.
+        if text.casefold() in job.admin_comment.casefold():
             return Outcome("done", f"job {job_id} AdminComment already has this {incident_id} note")
         comment = f"{job.admin_comment}; {text}" if job.admin_comment else text
         self.slurm.set_admin_comment(job_id, comment[:1000], finished=job.finished)

@@ -104,7 +104,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_incidents(args: argparse.Namespace) -> int:
     data = client_from(args).request("GET", "/v1/incidents" + ("?all=1" if args.all else ""))
-    incidents = data["incidents"]
+    incidents = [i for i in data["incidents"] if args.job is None or i["job"] == args.job]
     if args.json:
         for inc in incidents:
             print(json.dumps(inc))
@@ -218,6 +218,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--json", action="store_true", help="one incident JSON object per line")
     p.add_argument("--all", action="store_true", help="include suspects and dismissed ones")
+    p.add_argument("--job", metavar="JOBID", help="only this job's incidents")
     p.set_defaults(func=_guard(cmd_incidents))
 
     p = subparsers.add_parser("show", help="one incident with its evidence, actions and audit trail")

@@ -5,7 +5,9 @@ Reads use ``sinfo --json`` and ``squeue --json`` (openapi v0.0.38 on 22.05;
 for jobs that have left slurmctld's memory.  Writes use ``scontrol update``
 and, for a finished job's AdminComment, ``sacctmgr modify job`` (a running
 job's AdminComment reaches the accounting database only when it ends —
-design.md §5).  Hostlists are expanded with python-hostlist.
+design.md §5).  sacctmgr 22.05 lowercases the value it stores there
+("artemis: inc-17 …"), quoted or not; readers compare case-insensitively.
+Hostlists are expanded with python-hostlist.
 
 The commands find the cluster the usual way (``SLURM_CONF`` or the
 configless DNS record), exactly as an admin's shell would.
