@@ -27,12 +27,12 @@ from torch_hook.clock import elapsed_ms, mark_for
 
 class DdpTracker:
     def __init__(self) -> None:
-        self._buckets: list[tuple[str, float, list[Any]]] = []
+        self._buckets: list[tuple[str, str, float, list[Any]]] = []
 
-    def bucket(self, group: str, nbytes: float, launch: Any, buffer: torch.Tensor,
+    def bucket(self, op: str, group: str, nbytes: float, launch: Any, buffer: torch.Tensor,
                fut: torch.futures.Future) -> torch.futures.Future:
         marks: list[Any] = [launch, None]
-        self._buckets.append((group, nbytes, marks))
+        self._buckets.append((op, group, nbytes, marks))
 
         def completed(done: torch.futures.Future) -> Any:
             try:
@@ -47,9 +47,9 @@ class DdpTracker:
         buckets, self._buckets = self._buckets, []
         if not buckets:
             return
-        group = buckets[0][0]
-        nbytes = sum(b[1] for b in buckets)
-        marks = [b[2] for b in buckets if b[2][1] is not None]
+        op, group = buckets[0][0], buckets[0][1]
+        nbytes = sum(b[2] for b in buckets)
+        marks = [b[3] for b in buckets if b[3][1] is not None]
         if not marks:
             return
         last_launch = marks[-1][0]
@@ -66,6 +66,6 @@ class DdpTracker:
 
         resolved = resolve() if isinstance(last_launch, float) else None
         if resolved is not None:
-            recorder.comm("all_reduce", group, nbytes, len(buckets), resolved[0], resolved[1])
+            recorder.comm(op, group, nbytes, len(buckets), resolved[0], resolved[1])
         else:
-            recorder.comm_pending("all_reduce", group, nbytes, len(buckets), resolve)
+            recorder.comm_pending(op, group, nbytes, len(buckets), resolve)

@@ -308,8 +308,14 @@ class Instrumentation:
     def timed_comm_hook(self, hook: Callable[..., Any], state: object) -> Callable[..., Any]:
         """Wrap a DDP comm hook so each bucket's launch and completion are marked."""
         inst = self
-        group = self.group_name(state if isinstance(state, dist.ProcessGroup) else None) \
-            if state is None or isinstance(state, dist.ProcessGroup) else "ddp"
+        # The default hooks take their process group as state (None = world).
+        if state is None or isinstance(state, dist.ProcessGroup):
+            group = self.group_name(state)
+        else:
+            group = "ddp"
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        op = "all_reduce" if hook is default_hooks.allreduce_hook else f"ddp:{getattr(hook, '__name__', 'hook')}"
 
         # DDP inspects the hook's signature: the parameter must be named "bucket",
         # and annotations, if any, must be the real types (not the strings that
@@ -331,7 +337,7 @@ class Instrumentation:
             finally:
                 _local.inside = False
             try:
-                return target.ddp.bucket(group, nbytes, launch, buffer, fut)
+                return target.ddp.bucket(op, group, nbytes, launch, buffer, fut)
             except Exception as err:  # noqa: BLE001
                 inst.fault(err)
                 return fut

@@ -1,0 +1,142 @@
+"""Probe overhead on a CPU DDP job: step time with and without torch_hook.
+
+    .venv/bin/python benchmarks/overhead.py [--ranks 2] [--pairs 16] [--block 110] [--window 50] [--width 768]
+
+Starts ``--ranks`` gloo ranks on 127.0.0.1.  Each rank builds two identical
+DDP models: one while the probe is installed (so DDP's gradient buckets go
+through the probe's timed comm hook) and one without it (DDP's built-in C++
+all-reduce, exactly as an uninstrumented job runs).  It then alternates
+blocks of ``--block`` steps -- probe installed + first model, probe
+uninstalled + second model -- in ABBA order so drift cancels, all in one run.
+A block's step time is its total time over its steps (after a few settling
+steps), so the once-per-window work -- report building, the boundary
+agreement -- is included rather than hidden by a median; a block spans at
+least two windows.  The result is the median over pairs of (with / without)
+- 1.  The probe reports to a ``file:`` endpoint, so serialisation and the
+background writes are included.
+
+This is a measurement, not a test: run it on a quiet machine for a number
+you can quote.  Rank 0 prints one JSON line and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTLE_STEPS = 5
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_hook
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        w = args.width
+        return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w),
+                                   torch.nn.ReLU(), torch.nn.Linear(w, 1))
+
+    plain = DDP(model())
+    torch_hook.install()
+    probed = DDP(model())  # built under the probe: gets the timed comm hook at its first forward
+    torch_hook.uninstall()
+    opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, probed)}
+    x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, 1)
+
+    def block(m: torch.nn.Module) -> float:
+        opt = opts[id(m)]
+        for i in range(args.block + SETTLE_STEPS):
+            if i == SETTLE_STEPS:
+                t0 = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return (time.perf_counter() - t0) / args.block * 1e3
+
+    block(plain)  # warm-up of both paths, not measured
+    torch_hook.install()
+    block(probed)
+    torch_hook.uninstall()
+    ratios, on_ms, off_ms = [], [], []
+    for pair in range(args.pairs):
+        order = ("on", "off") if pair % 2 == 0 else ("off", "on")
+        got = {}
+        for mode in order:
+            if mode == "on":
+                torch_hook.install()
+                got[mode] = block(probed)
+                stats = torch_hook.stats()
+                torch_hook.uninstall()  # flushes the sender; outside the timed block
+            else:
+                got[mode] = block(plain)
+        on_ms.append(got["on"])
+        off_ms.append(got["off"])
+        ratios.append(got["on"] / got["off"])
+    if rank == 0:
+        overhead = (statistics.median(ratios) - 1) * 100
+        result = {"ranks": dist.get_world_size(), "pairs": args.pairs, "block_steps": args.block,
+                  "window_steps": args.window,
+                  "step_ms_without": round(statistics.median(off_ms), 3),
+                  "step_ms_with": round(statistics.median(on_ms), 3),
+                  "overhead_pct_median_of_pairs": round(overhead, 3),
+                  "overhead_pct_iqr": [round((q - 1) * 100, 3) for q in statistics.quantiles(ratios, n=4)[::2]],
+                  "probe_errors": stats.get("errors"), "windows_last_block": stats.get("windows")}
+        print(json.dumps(result))
+        print(f"step {result['step_ms_without']:.2f} ms without the probe, {result['step_ms_with']:.2f} ms with; "
+              f"overhead {overhead:+.3f} % (median of {args.pairs} ABBA pairs)", file=sys.stderr)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--block", type=int, default=110, help="measured steps per block (≥ 2 windows)")
+    parser.add_argument("--window", type=int, default=50, help="ARTEMIS_WINDOW_STEPS")
+    parser.add_argument("--width", type=int, default=768, help="MLP width (sets the step time)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.block < 2 * args.window:
+        parser.error(f"--block {args.block} must cover two windows (--window {args.window})")
+    if args.rank_main:
+        _rank_main(args)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for rank in range(args.ranks):
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("ARTEMIS_")},
+                   "RANK": str(rank), "WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "ARTEMIS_JOB_ID": "bench",
+                   "ARTEMIS_ENDPOINT": f"file:{tmp}/trace.jsonl", "ARTEMIS_WINDOW_STEPS": str(args.window),
+                   "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", *sys.argv[1:]], env=env))
+        codes = [p.wait(timeout=1800) for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")
+
+
+if __name__ == "__main__":
+    main()
