@@ -71,13 +71,13 @@ class SuiteSpec(_Spec):
     dense_noise: Range = (DENSE_NOISE * 0.67, DENSE_NOISE * 1.33)
     varlen_noise: Range = (VARLEN_NOISE * 0.9, VARLEN_NOISE * 1.1)
     mixed_islands: float = Field(default=0.2, ge=0, le=1)  # share of jobs with NVIDIA + AMD
-    magnitude: Range = (0.05, 0.40)  # log-uniform
+    magnitude: Range = (0.05, 0.40)  # log-uniform; window-mean slowdown (intermittent peaks are higher)
     patterns: dict[str, float] = {"steady": 0.6, "intermittent": 0.2, "ramp": 0.2}
     duty: Range = (0.55, 0.85)
     node_scope: float = Field(default=0.25, ge=0, le=1)  # rank-cause faults hitting a whole node (or vice versa)
     healthy_slow: Range = (0.0, 0.03)  # share of a job's GPUs made 2-3 % slower
     gc_rate: Range = (1 / 5000, 1 / 2000)
-    spike_rate: Range = (0.002, 0.006)
+    spike_rate: Range = (0.001, 0.003)
     comm_spike_rate: Range = (0.02, 0.05)
     checkpoint_share: float = Field(default=0.3, ge=0, le=1)  # jobs that checkpoint every 15-25 windows
     benign_power_cap: Range = (0.0, 0.08)
@@ -161,7 +161,11 @@ class _Drawer:
         pattern = names[int(rng.choice(len(names), p=weights / weights.sum()))]
         extra: dict[str, Any] = {}
         if pattern == "intermittent":
-            extra = {"duty": round(self.uniform(s.duty), 3), "burst_steps": round(float(rng.uniform(10, 60)), 1)}
+            # The suite's magnitude range is what a window mean shows: the
+            # bursts themselves are stronger by 1 / duty.
+            duty = round(self.uniform(s.duty), 3)
+            magnitude = round(min(3.0, magnitude / duty), 3)
+            extra = {"duty": duty, "burst_steps": round(float(rng.uniform(10, 60)), 1)}
         elif pattern == "ramp":
             extra = {"ramp_windows": int(rng.integers(3, 9))}
         rpn = job["ranks_per_node"]

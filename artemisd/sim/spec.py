@@ -18,7 +18,10 @@ published characterisations of slow training jobs:
   collection stalls one rank for 100 ms-1 s (another straggler source Lin et
   al. identify); short thermal or noisy-neighbour blips slow a rank for a few
   steps; cross-job network congestion slows all-reduce for a few steps.
-  None of them may become an incident.
+  None of them may become an incident.  No published rate exists for the
+  short per-rank blips; ``spike_rate`` (a 20-60 % slowdown for 2-15 steps,
+  about once per 500 rank-windows by default) is a stress knob, and two
+  blips on one rank in neighbouring windows do happen at scale.
 * **Fail-slow faults.**  Greyhound/FALCON (Wu et al., USENIX ATC'25) report
   fail-slow durations of 10 min on average for compute, 24 min for network,
   72 min at scale, and slowdowns of 20-46 %.  ``FAULT_MEAN_MINUTES`` and the
@@ -171,7 +174,7 @@ class NoiseSpec(_Spec):
     healthy_slow: int = Field(default=0, ge=0)  # GPUs made persistently 2-3 % slower
     gc_rate: float = Field(default=1 / 3000, ge=0.0, le=1.0)  # pauses per rank-step
     gc_ms: float = Field(default=150.0, ge=0.0)  # median pause
-    spike_rate: float = Field(default=0.004, ge=0.0, le=1.0)  # per rank-window
+    spike_rate: float = Field(default=0.002, ge=0.0, le=1.0)  # per rank-window
     comm_spike_rate: float = Field(default=0.03, ge=0.0, le=1.0)  # per window
     checkpoint_every: int | None = Field(default=None, gt=0)  # windows
     checkpoint_ms: float = Field(default=4000.0, ge=0.0)
