@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import TypeAdapter, ValidationError
 
 from artemisd import mail, policy, verify
 from artemisd.act import Actuator, Outcome, drain_reason
@@ -42,7 +43,7 @@ from artemisd.metrics import Metrics
 from artemisd.pipeline import Analyzer
 from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, Store, StoredIncident
-from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
+from artemisd.wire import NodeEvent, Record, ReportError, WindowReport, parse_record
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
@@ -53,6 +54,7 @@ PARTITION_CACHE_S = 60.0
 MAX_ITEMS_PER_REQUEST = 100_000
 
 log = structlog.get_logger("artemisd")
+_BATCH = TypeAdapter(list[Record])
 
 
 class IngestError(ValueError):
@@ -168,23 +170,36 @@ class Daemon:
 
     # --- ingest -------------------------------------------------------------
 
-    def validate(self, items: list[tuple[int, Any, str | None]]) -> tuple[list[tuple[int, WindowReport | NodeEvent, Any]], list[dict[str, Any]]]:
-        good: list[tuple[int, WindowReport | NodeEvent, Any]] = []
+    def validate(self, items: list[tuple[int, Any, str | None]]) -> tuple[list[tuple[int, WindowReport | NodeEvent]], list[dict[str, Any]]]:
+        """Items -> ([(index, record)], [{"index", "error"}]).
+
+        A clean batch is validated in one pydantic call (the common case, and
+        2-3x cheaper than item by item); any error sends the batch through the
+        per-item path, which names every bad item's field and reason.
+        """
+        if all(error is None for _, _, error in items):
+            try:
+                records = _BATCH.validate_python([obj for _, obj, _ in items])
+                return [(index, rec) for (index, _, _), rec in zip(items, records)], []
+            except ValidationError:
+                pass
+        good: list[tuple[int, WindowReport | NodeEvent]] = []
         bad: list[dict[str, Any]] = []
         for index, obj, error in items:
             if error is not None:
                 bad.append({"index": index, "error": error})
                 continue
             try:
-                good.append((index, parse_record(obj), obj))
+                good.append((index, parse_record(obj)))
             except ReportError as err:
                 bad.append({"index": index, "error": "; ".join(f"{p or '<record>'}: {r}" for p, r in err.problems)})
         return good, bad
 
-    def jobs_needing_owner_check(self, principal: Principal, records: Iterable[tuple[int, Any, Any]]) -> set[str]:
+    def jobs_needing_owner_check(self, principal: Principal,
+                                 records: Iterable[tuple[int, WindowReport | NodeEvent]]) -> set[str]:
         if principal.root_side:
             return set()
-        return {rec.job for _, rec, _ in records if rec.job is not None}
+        return {rec.job for _, rec in records if rec.job is not None}
 
     async def owners(self, jobs: set[str]) -> dict[str, int | None]:
         """uid owning each job, asked of Slurm (cached ``JobCacheSeconds``)."""
@@ -212,24 +227,27 @@ class Daemon:
             self.store.set_job_owner(job, info.user_id, info.partition)
         return info
 
-    def accept(self, records: list[tuple[int, WindowReport | NodeEvent, Any]], principal: Principal,
+    def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                owners: dict[str, int | None] | None = None, rejected: list[dict[str, Any]] | None = None) -> IngestResult:
         """Store and analyze validated records; a record for a job the sender does not own is rejected."""
         now = self.clock()
         result = IngestResult(rejected=list(rejected or []))
         rows = []
         kept: list[WindowReport | NodeEvent] = []
-        for index, rec, raw in records:
-            problem = self._not_allowed(rec, principal, owners or {})
+        owners = owners or {}
+        for index, rec in records:
+            problem = None if principal.root_side else self._not_allowed(rec, principal, owners)
             if problem:
                 result.rejected.append({"index": index, "error": problem})
                 continue
-            window = rec.window.seq if isinstance(rec, WindowReport) else None
-            body = raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"))
-            rows.append((rec.job, window, rec.node, now, principal.uid, principal.root_side, body))
+            body = rec.model_dump_json(exclude_none=True)
+            if type(rec) is WindowReport:
+                rows.append((rec.job, rec.window.seq, rec.node, now, principal.uid, principal.root_side, body))
+            else:
+                rows.append((rec.job, None, rec.node, now, principal.uid, principal.root_side, body))
+                if principal.root_side:
+                    self.store.set_node_evidence(rec.node, now, principal.uid, body)
             kept.append(rec)
-            if isinstance(rec, NodeEvent) and principal.root_side:
-                self.store.set_node_evidence(rec.node, now, principal.uid, body)
         if rows:
             self.store.add_records(rows)
         steps: set[tuple[str, str]] = set()
@@ -253,8 +271,6 @@ class Daemon:
         return result
 
     def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal, owners: dict[str, int | None]) -> str | None:
-        if principal.root_side:
-            return None
         if rec.job is None:
             return "job: node events without a job need root or SlurmUser credentials"
         owner = owners.get(rec.job)

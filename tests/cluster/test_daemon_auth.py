@@ -122,3 +122,24 @@ def test_admin_and_root_only_endpoints(artemisd, slurm_cluster):
     status, reply = post(artemisd.url, "/v1/nodes/n1/corrections/COR-1", body,
                          credential(slurm_cluster, body, NOBODY))
     assert status == 403
+
+
+@pytest.mark.parametrize("use_lib", [True, False], ids=["libmunge", "unmunge"])
+def test_both_decoders_agree(slurm_cluster, use_lib):
+    """libmunge (ctypes) and the unmunge command give the same verdicts."""
+    import asyncio
+
+    from artemisd.auth import AuthError, MungeAuth
+
+    auth = MungeAuth(str(slurm_cluster.munge_socket), set(), {1234}, use_lib=use_lib)
+    assert (auth.lib is not None) is use_lib
+    body = b'[{"x": 1}]'
+    cred = credential(slurm_cluster, body, NOBODY)
+    principal = asyncio.run(auth.authenticate(f"Munge {cred}", body))
+    assert principal.uid == NOBODY.pw_uid and not principal.root_side and not principal.admin
+    with pytest.raises(AuthError, match="replayed"):
+        asyncio.run(auth.authenticate(f"Munge {cred}", body))
+    with pytest.raises(AuthError, match="sha256"):
+        asyncio.run(auth.authenticate(f"Munge {credential(slurm_cluster, body)}", b"[]"))
+    with pytest.raises(AuthError, match="invalid"):
+        asyncio.run(auth.authenticate("Munge MUNGE:AwQFAAB0aGlzIGlzIG5vdA==:", body))

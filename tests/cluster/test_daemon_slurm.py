@@ -20,6 +20,7 @@ from artemisd.auth import TRUSTED_LOCAL
 from artemisd.config import parse_config_text
 from artemisd.service import Daemon
 from artemisd.slurm.cli import CliSlurm
+from artemisd.wire import parse_record
 from tests.unit.windows import lockstep
 
 from .procs import wait_until
@@ -129,8 +130,7 @@ def _windows(job: str, nodes: list[str], seqs: range, slow: bool) -> list:
 def _feed(daemon: Daemon, records: list, per_window: int) -> None:
     for i in range(0, len(records), per_window):
         chunk = records[i:i + per_window]
-        items = [(k, r, r.model_dump(mode="json", exclude_none=True)) for k, r in enumerate(chunk)]
-        daemon.accept(items, TRUSTED_LOCAL, {})
+        daemon.accept(list(enumerate(chunk)), TRUSTED_LOCAL, {})
         daemon.clock_offset += 10
         asyncio.run(daemon.run_once())
 
@@ -163,8 +163,7 @@ def test_daemon_drains_and_requeues_a_real_job_on_root_evidence(clean_cluster: S
         _feed(daemon, _windows(job, ranks, range(0, 8), slow=False), 4)
         event = {"type": "node", "v": 1, "event": "health", "node": nodes[1], "time": 0.0,
                  "gpus": [{"index": 0, "temp_c": 93, "throttle": ["hw_thermal"]}]}
-        daemon.accept([(0, __import__("artemisd.wire", fromlist=["parse_record"]).parse_record(event), event)],
-                      TRUSTED_LOCAL, {})
+        daemon.accept([(0, parse_record(event))], TRUSTED_LOCAL, {})
         _feed(daemon, _windows(job, ranks, range(8, 12), slow=True), 4)
         [inc] = [i.body for i in daemon.store.incidents()]
         assert inc["cause"] == "gpu.thermal" and inc["action"]["kind"] == "drain", inc
@@ -184,11 +183,10 @@ def test_storm_budget_holds_on_the_real_partition(clean_cluster: SlurmCluster, t
     daemon = make_daemon(clean_cluster, tmp_path,
                          "PartitionPolicy=main Auto=drain,escalate MaxDrainFraction=0.25 MaxDrainsPerHour=10\n")
     try:
-        from artemisd.wire import parse_record
         for name in clean_cluster.node_names:
             event = {"type": "node", "v": 1, "event": "health", "node": name, "time": 0.0,
                      "gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}
-            daemon.accept([(0, parse_record(event), event)], TRUSTED_LOCAL, {})
+            daemon.accept([(0, parse_record(event))], TRUSTED_LOCAL, {})
         records = []
         for seq in range(12):
             for job, name in zip(jobs, clean_cluster.node_names):

@@ -40,8 +40,10 @@ def test_malformed_headers_are_rejected_before_munge_is_asked(header):
     assert err.value.status == 401
 
 
-def test_munge_unreachable_is_a_503_not_a_pass():
-    auth = MungeAuth(None, set(), set(), unmunge="/nonexistent/unmunge")
+@pytest.mark.parametrize("use_lib", [True, False])
+def test_munge_unreachable_is_a_503_not_a_pass(tmp_path, use_lib):
+    auth = MungeAuth(str(tmp_path / "no-munged.socket"), set(), set(), unmunge="/nonexistent/unmunge",
+                     use_lib=use_lib)
     with pytest.raises(AuthError) as err:
         asyncio.run(auth.authenticate("Munge MUNGE:abc:", b"[]"))
     assert err.value.status == 503
