@@ -7,7 +7,8 @@ whole session (bring-up takes seconds, but not zero); tests that change cluster
 state undo it, or use ``clean_cluster``, which resets after the test.
 
 Knobs (environment): ``ARTEMIS_TEST_NETWORK`` = auto | netns | loopback,
-``ARTEMIS_TEST_NODES`` (default 4), ``ARTEMIS_TEST_KEEP=1`` keeps the work dir
+``ARTEMIS_TEST_NODES`` (default 4), ``ARTEMIS_TEST_HEALTH_INTERVAL`` (seconds between
+node checks, default 5), ``ARTEMIS_TEST_KEEP=1`` keeps the work dir
 (logs, configs) for a post-mortem.
 """
 
@@ -42,7 +43,7 @@ def slurm_cluster(munged: Munged) -> Iterator[SlurmCluster]:
         nodes=int(os.environ.get("ARTEMIS_TEST_NODES", "4")),
         network=os.environ.get("ARTEMIS_TEST_NETWORK", "auto"),
         munged=munged,
-        health_interval_s=int(os.environ.get("ARTEMIS_TEST_HEALTH_INTERVAL", "0")),
+        health_interval_s=int(os.environ.get("ARTEMIS_TEST_HEALTH_INTERVAL", "5")),
         keep_workdir=os.environ.get("ARTEMIS_TEST_KEEP") == "1",
     )
     with cluster:

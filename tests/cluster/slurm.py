@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -82,7 +83,8 @@ class SlurmCluster:
     otherwise the cluster runs its own.  ``artemis`` installs the project's
     SPANK plugin, prolog, epilog and node check (when they are built/present),
     pointed at ``artemis_endpoint`` — where the test's artemisd listens
-    (``artemis_listen``).
+    (``artemis_listen``) — with ``window_steps`` steps per report window, and
+    the node check every ``health_interval_s`` seconds (0: never).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class SlurmCluster:
         munged: Munged | None = None,
         artemis: bool = True,
         health_interval_s: int = 0,
+        window_steps: int = 20,
         workdir: Path | None = None,
         keep_workdir: bool = False,
     ):
@@ -103,6 +106,7 @@ class SlurmCluster:
         self.network = network
         self.artemis = artemis
         self.health_interval_s = health_interval_s
+        self.window_steps = window_steps
         self.keep_workdir = keep_workdir
         self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="artemis-cluster-"))
         self.tag = self.dir.name.rsplit("-", 1)[-1].lower()
@@ -185,12 +189,8 @@ class SlurmCluster:
         proc = self.cmd("scontrol", "-o", "show", "job", job_id, check=False)
         if proc.returncode != 0:
             return {}
-        fields: dict[str, str] = {}
-        for token in proc.stdout.split():
-            key, sep, value = token.partition("=")
-            if sep:
-                fields[key] = value
-        return fields
+        # Values may hold spaces (AdminComment, Reason): a value runs to the next " Key=".
+        return dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", proc.stdout.strip()))
 
     def job_state(self, job_id: str) -> str:
         state = self.job(job_id).get("JobState")
@@ -410,7 +410,7 @@ class SlurmCluster:
         if self.plugin is not None:
             (etc / "plugstack.conf.d" / "artemis.conf").write_text(
                 f"optional {self.plugin} endpoint={self.artemis_endpoint} default=off "
-                f"window_steps=10 autoload={REPO / 'torch_hook' / 'autoload'}\n"
+                f"window_steps={self.window_steps} autoload={REPO / 'torch_hook' / 'autoload'}\n"
             )
         (etc / "plugstack.conf").write_text("\n".join(plugstack) + "\n")
         self.node_conf.write_text(textwrap.dedent(f"""\

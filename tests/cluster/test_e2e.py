@@ -1,0 +1,156 @@
+"""End to end: a real DDP job under ``sbatch --artemis=on``, a real fault, the real daemon's answer.
+
+Nothing here is mocked: the Slurm daemons, the SPANK plugin, Prolog/Epilog and
+node check, the probe inside unchanged training ranks, artemisd and its actions
+on Slurm, and an SMTP server on loopback.  Each scenario measures a healthy
+baseline of the same run first; every assertion is about *which* rank, node
+and cause, and what Slurm shows afterwards — never about absolute times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from . import faults
+from .artemis import ArtemisDaemon, Mailbox
+from .scenario import DAEMON_CONF, TrainingJob, wait_for
+from .slurm import SlurmCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+BASELINE_STEPS = 200  # ten 20-step windows of healthy baseline
+FAULTY_RANK = 1  # one task per node: rank 1 runs on the job's second node
+
+
+@pytest.fixture(scope="module")
+def mailbox() -> Iterator[Mailbox]:
+    with Mailbox() as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def artemisd(slurm_cluster: SlurmCluster, mailbox: Mailbox) -> Iterator[ArtemisDaemon]:
+    faults.write_healthy_gpus(slurm_cluster)
+    with ArtemisDaemon(slurm_cluster, DAEMON_CONF, mailbox) as daemon:
+        yield daemon
+    daemon.wipe_state()
+
+
+@pytest.fixture
+def job_factory(slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon) -> Iterator[type]:
+    """Submit training jobs; afterwards cancel them, lift faults, resume nodes."""
+    yield TrainingJob
+    slurm_cluster.reset()
+    faults.write_healthy_gpus(slurm_cluster)
+
+
+def start(cluster: SlurmCluster, daemon: ArtemisDaemon, **kw: object) -> tuple[TrainingJob, str]:
+    job = TrainingJob.submit(cluster, daemon, **kw)
+    job.wait_running()
+    job.wait_steps(BASELINE_STEPS)
+    return job, job.rank_node(FAULTY_RANK)
+
+
+def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, mailbox: Mailbox, job_factory: type) -> None:
+    job, node = start(slurm_cluster, artemisd)
+    # A job without --artemis=on, at the same time: it must leave no trace at the daemon.
+    quiet = TrainingJob.submit(slurm_cluster, artemisd, nodes=1, artemis=None, seconds=30,
+                               sbatch_args=("-w", node))
+    with faults.EmulatedGpuFault(slurm_cluster, node, "thermal"):
+        incident = job.wait_incident(lambda i: i["cause"] == "gpu.thermal" and i["state"] != "dismissed",
+                                     "a gpu.thermal incident")
+        assert (incident["kind"], incident["rank"], incident["node"]) in {
+            ("rank", FAULTY_RANK, node), ("node", None, node), ("node", FAULTY_RANK, node)}
+        assert any(e["signal"] in ("temp_c", "throttle", "sm_clock_mhz") for e in incident["evidence"])
+        reason = wait_for(lambda: slurm_cluster.drain_reasons().get(node), f"{node} drained")
+        assert reason.startswith("artemis:") and incident["id"] in reason
+        # Requeued, excluding the hot node, and started again on the others.
+        requeued = wait_for(lambda: node in job.info().get("ExcNodeList", ""), "ExcNodeList")
+        assert requeued
+        job.wait_running(timeout_s=120)
+        assert node not in job.nodes()
+    assert slurm_cluster.wait_job(quiet.job_id, timeout_s=120) == "COMPLETED"
+    assert artemisd.records_of(quiet.job_id) == 0
+    assert artemisd.records_of(job.job_id) > 0
+
+
+def test_gpu_clocks_are_corrected_by_the_node_check_and_recovery_is_measured(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
+    job, node = start(slurm_cluster, artemisd)
+    with faults.EmulatedGpuFault(slurm_cluster, node, "clocks") as gpu:
+        incident = job.wait_incident(
+            lambda i: i["cause"] == "gpu.clocks" and i["state"] in ("resolved", "unresolved"),
+            "a gpu.clocks incident, corrected and verified", timeout_s=180)
+        assert gpu.recovered.is_set()  # the node check reset the (emulated) clocks
+    assert incident["node"] == node
+    assert incident["action"]["kind"] == "correct" and incident["action"]["status"] == "done"
+    result = incident["result"]
+    assert result["recovered"] is True and incident["state"] == "resolved"
+    assert result["throughput_after"] > result["throughput_before"]
+    assert slurm_cluster.drain_reasons().get(node) is None  # fixed in place, nothing drained
+
+
+def test_loader_stall_rebalance_does_not_help_so_it_is_rolled_back_and_escalated(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, mailbox: Mailbox, job_factory: type) -> None:
+    job, node = start(slurm_cluster, artemisd)
+    mails_before = len(mailbox.subjects())
+    # The stall is per batch: handing the rank fewer samples cannot shorten it.
+    with faults.LoaderStall(job.stall_dir, node, seconds_per_batch=0.25):
+        incident = job.wait_incident(
+            lambda i: i["cause"] == "input.loader" and i["state"] == "escalated",
+            "an input.loader incident escalated after a failed rebalance", timeout_s=240)
+    assert (incident["rank"], incident["node"]) == (FAULTY_RANK, node)
+    detail = artemisd.get(f"/v1/incidents/{incident['id']}")
+    kinds = [(a["kind"], a["status"]) for a in detail["actions"]]
+    assert ("rebalance", "done") in kinds or ("rebalance", "rolled_back") in kinds
+    audit = " ".join(str(entry) for entry in detail["audit"]).lower()
+    assert "roll" in audit  # the reversible action that did not help was undone
+    comment = wait_for(lambda: job.info().get("AdminComment", "").strip(), "AdminComment")
+    assert comment.startswith("artemis:") and incident["id"] in comment
+    wait_for(lambda: len(mailbox.subjects()) > mails_before, "escalation email")
+    assert any(incident["id"] in s for s in mailbox.subjects()[mails_before:])
+    job.cancel()
+    slurm_cluster.wait_job(job.job_id, timeout_s=60)
+    # Once the job has ended, accounting shows the escalation.
+    sacct = wait_for(lambda: slurm_cluster.cmd("sacct", "-n", "-X", "-P", "-j", job.job_id,
+                                               "-o", "AdminComment").stdout.strip(),
+                     "AdminComment in sacct")
+    assert incident["id"] in sacct
+
+
+def test_cpu_contention_is_named_host_cpu(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
+    job, node = start(slurm_cluster, artemisd)
+    with faults.CpuContention(slurm_cluster, node, cpu_fraction=0.1):
+        incident = job.wait_incident(lambda i: i["cause"] == "host.cpu" and i["state"] != "dismissed"
+                                     and i["confirmed_window"] is not None, "a host.cpu incident")
+    assert (incident["kind"], incident["rank"], incident["node"]) == ("rank", FAULTY_RANK, node)
+    assert incident["ratio"] > 1.5
+    assert incident["action"]["kind"] in ("rebalance", "escalate")
+
+
+def test_a_node_a_person_drained_is_never_touched(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
+    job, node = start(slurm_cluster, artemisd)
+    human = "disk swap ticket 4711 (alice)"
+    slurm_cluster.scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={human}")
+    with faults.EmulatedGpuFault(slurm_cluster, node, "thermal"):
+        incident = job.wait_incident(lambda i: i["cause"] == "gpu.thermal" and i["state"] in (
+            "escalated", "resolved", "unresolved"), "the thermal incident handled")
+    assert incident["node"] == node
+    assert slurm_cluster.drain_reasons().get(node) == human  # reason neither overwritten nor resumed
+    assert "drain" in slurm_cluster.node_info()[node]["state"]
+
+
+def test_degraded_link_is_localised_to_the_node(
+        slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
+    if slurm_cluster.network != "netns":
+        pytest.skip("a per-node link needs the netns layout")
+    job, node = start(slurm_cluster, artemisd)
+    with faults.DegradedLink(slurm_cluster, node):
+        incident = job.wait_incident(lambda i: i["cause"] == "comm.link" and i["state"] != "dismissed",
+                                     "a comm.link incident", timeout_s=180)
+    assert incident["node"] == node or node in str(incident.get("link"))
