@@ -1,0 +1,215 @@
+"""artemisd ingest rate and report→incident latency, on one core.
+
+    .venv/bin/python benchmarks/ingest.py                  # in-process, 256 ranks, 40 windows
+    .venv/bin/python benchmarks/ingest.py --http           # also through HTTP to a real artemisd
+    .venv/bin/python benchmarks/ingest.py --ranks 1024 --windows 20
+
+Records come from the simulator (``artemisd.sim``): one job, a healthy
+lockstep phase, then one GPU with stuck clocks, so the last windows confirm an
+incident.  What is timed:
+
+* **parse**: body → records (``decode_body`` + ``Daemon.validate``), the cost
+  of the wire contract alone;
+* **ingest**: parse + SQLite (WAL) + ``Analyzer.ingest`` + directives — the
+  whole ``POST /v1/reports`` minus HTTP and auth; one body per window of the
+  whole job (what a proxy or a batching sender posts) and one body per rank
+  (what each rank's own sender posts);
+* **analyzer**: ``Analyzer.ingest`` alone, for the share of the total;
+* **latency**: from the start of the request carrying the last report of the
+  confirming window to the incident being readable as ``confirmed``.  The
+  detection delay itself is ConfirmWindows windows of training time, by design;
+* **--http**: a real ``artemisd`` (AuthType=none) pinned to one CPU, posted to
+  by a client pinned to another, windows as JSON arrays.
+
+The process is pinned to one CPU (``--cpu``) and BLAS pools to one thread.
+Numbers on a shared 2-core machine are noisy: compare medians of repeats.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from artemisd.auth import TRUSTED_LOCAL  # noqa: E402
+from artemisd.config import parse_config_text  # noqa: E402
+from artemisd.pipeline import Analyzer  # noqa: E402
+from artemisd.server import configure_logging  # noqa: E402
+from artemisd.service import Daemon, decode_body  # noqa: E402
+from artemisd.sim.fleet import simulate_records, single_job  # noqa: E402
+from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec  # noqa: E402
+from artemisd.slurm.cli import CliSlurm  # noqa: E402
+from artemisd.wire import parse_record  # noqa: E402
+
+
+def trace(ranks: int, windows: int) -> list[list[dict[str, Any]]]:
+    """Window reports grouped by window, in order; a GPU's clocks stick at 3/4 of the run."""
+    onset = max(1, (3 * windows) // 4)
+    job = JobSpec(job="4242", islands=(IslandSpec(ranks=ranks),), windows=windows,
+                  faults=(FaultSpec(cause="gpu.clocks", rank=ranks // 3, onset=onset, magnitude=0.25),))
+    records, _ = simulate_records(single_job(job, seed=7))
+    by_window: dict[int, list[dict[str, Any]]] = {}
+    for rec in records:
+        if rec.get("type") == "window":
+            by_window.setdefault(rec["window"]["seq"], []).append(rec)
+    return [by_window[s] for s in sorted(by_window)]
+
+
+def new_daemon(state: Path) -> Daemon:
+    # No Slurm here: its calls fail fast and decisions wait, which is not what is timed.
+    config = parse_config_text(f"StateDir={state}\nAuthType=none\n")
+    return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
+
+
+def time_parse(bodies: list[bytes], daemon: Daemon) -> float:
+    start = time.perf_counter()
+    for body in bodies:
+        daemon.validate(decode_body(body))
+    return time.perf_counter() - start
+
+
+def time_ingest(bodies: list[bytes], windows_of_body: list[int], confirm_at: int | None,
+                daemon: Daemon) -> tuple[float, float | None]:
+    """(seconds for all bodies, latency of the confirming request or None)."""
+    latency = None
+    start = time.perf_counter()
+    for body, window in zip(bodies, windows_of_body):
+        t0 = time.perf_counter()
+        records, rejected = daemon.validate(decode_body(body))
+        daemon.accept(records, TRUSTED_LOCAL, {}, rejected)
+        if latency is None and confirm_at is not None and window >= confirm_at and daemon.store.db.execute(
+                "SELECT 1 FROM incidents WHERE state = 'confirmed' LIMIT 1").fetchone():
+            latency = time.perf_counter() - t0
+    return time.perf_counter() - start, latency
+
+
+def confirming_window(windows: list[list[dict[str, Any]]]) -> int | None:
+    analyzer = Analyzer(parse_config_text("").analysis)
+    for seq, window in enumerate(windows):
+        for rec in window:
+            for inc in analyzer.ingest(parse_record(rec)):
+                if inc.state.value == "confirmed":
+                    return seq
+    return None
+
+
+def in_process(windows: list[list[dict[str, Any]]], repeats: int) -> dict[str, Any]:
+    reports = sum(len(w) for w in windows)
+    per_window = [json.dumps(w).encode() for w in windows]
+    per_rank = [json.dumps([r]).encode() for w in windows for r in w]
+    rank_windows = [i for i, w in enumerate(windows) for _ in w]
+    confirm_at = confirming_window(windows)
+    parsed = [parse_record(r) for w in windows for r in w]
+    out: dict[str, list[float]] = {"parse": [], "ingest_window_batches": [], "ingest_rank_posts": [],
+                                   "analyzer": [], "latency_ms": []}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            daemon = new_daemon(Path(tmp) / "a")
+            out["parse"].append(reports / time_parse(per_window, daemon))
+            daemon.store.close()
+            daemon = new_daemon(Path(tmp) / "b")
+            seconds, latency = time_ingest(per_window, list(range(len(windows))), confirm_at, daemon)
+            out["ingest_window_batches"].append(reports / seconds)
+            if latency is not None:
+                out["latency_ms"].append(1000 * latency)
+            daemon.store.close()
+            daemon = new_daemon(Path(tmp) / "c")
+            seconds, _ = time_ingest(per_rank, rank_windows, None, daemon)
+            out["ingest_rank_posts"].append(reports / seconds)
+            daemon.store.close()
+        analyzer = Analyzer(parse_config_text("").analysis)
+        start = time.perf_counter()
+        for rec in parsed:
+            analyzer.ingest(rec)
+        out["analyzer"].append(reports / (time.perf_counter() - start))
+    return {k: statistics.median(v) if v else None for k, v in out.items()} | {"confirm_window": confirm_at}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def over_http(windows: list[list[dict[str, Any]]], server_cpu: int, client_cpu: int) -> dict[str, Any]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "artemis.conf"
+        conf.write_text(f"Listen=127.0.0.1:{port}\nAuthType=none\nStateDir={tmp}/state\nSlurmTimeout=2\n")
+        env = dict(os.environ, SLURM_CONF="/nonexistent")
+        proc = subprocess.Popen([sys.executable, "-m", "artemisd.server", "-c", str(conf)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {server_cpu}))
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(f"{url}/v1/health", timeout=1).read()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            os.sched_setaffinity(0, {client_cpu})
+            bodies = [json.dumps(w).encode() for w in windows]
+            latency = None
+            start = time.perf_counter()
+            for body in bodies:
+                t0 = time.perf_counter()
+                req = urllib.request.Request(f"{url}/v1/reports", data=body, method="POST")
+                urllib.request.urlopen(req, timeout=60).read()
+                if latency is None:
+                    incidents = json.loads(urllib.request.urlopen(f"{url}/v1/incidents", timeout=10).read())
+                    if any(i["state"] == "confirmed" for i in incidents["incidents"]):
+                        latency = time.perf_counter() - t0
+            seconds = time.perf_counter() - start
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+    reports = sum(len(w) for w in windows)
+    return {"http_window_batches": reports / seconds, "http_latency_ms": 1000 * latency if latency else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=256)
+    parser.add_argument("--windows", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpu", type=int, default=0, help="CPU to pin the in-process run (and the server) to")
+    parser.add_argument("--http", action="store_true", help="also measure through a real artemisd over HTTP")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {args.cpu})
+    configure_logging(logging.WARNING)  # as the service logs: JSON, and only what matters here
+    windows = trace(args.ranks, args.windows)
+    result: dict[str, Any] = {"ranks": args.ranks, "windows": len(windows),
+                              "reports": sum(len(w) for w in windows)}
+    result |= in_process(windows, args.repeats)
+    if args.http:
+        cpus = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
+        client = next((c for c in cpus if c != args.cpu), args.cpu)
+        result |= over_http(windows, args.cpu, client)
+    for key, value in result.items():
+        if isinstance(value, float):
+            unit = "ms" if key.endswith("_ms") else "reports/s"
+            print(f"{key:24} {value:12.1f} {unit}")
+        else:
+            print(f"{key:24} {value!s:>12}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
