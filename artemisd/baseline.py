@@ -56,6 +56,7 @@ class JobSummary:
     busy: float
     comm_wait: float
     data: float
+    step_p50: float  # median over ranks of the per-step median step time; NaN if not measured
     throughput: float  # samples/s of the whole job; NaN when samples are not measured
     collectives: dict[str, float] = field(default_factory=dict)  # group -> ms per step
 

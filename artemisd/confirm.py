@@ -4,15 +4,23 @@
 must be flagged under the same *conditions* — the job's workload signature
 (world size, island make-up), the subject's island and node — either
 
-* in at least ``ConfirmWindows`` of the last ``ConfirmWindows + 1`` windows
-  (a steady fault: confirmed one window after onset with the default 2), or
-* in at least ``ConfirmWindows + 1`` of the last ``4 × ConfirmWindows``
+* *steadily* in at least ``ConfirmWindows`` of the last ``ConfirmWindows + 1``
+  windows (a steady fault: confirmed one window after onset with the default
+  2), or
+* at all in at least ``ConfirmWindows + 1`` of the last ``4 × ConfirmWindows``
   windows (an intermittent fault that keeps coming back).
 
+A flag is *steady* when the window's per-step medians (``ms_p50``) show the
+slowdown too, not only its means: a GC pause, a spike of a few steps or a
+checkpoint write moves a window's mean but not its median, so such a *bursty*
+flag — even two in a row when the spike straddles a window boundary — can only
+confirm through the intermittent rule.  Where the probe sent no medians every
+flag counts as steady.
+
 A change of conditions restarts the count: a window measured under other
-conditions proves nothing about this one.  One-off spikes and GC pauses are
-flagged once and dismissed; a subject is dismissed once it can no longer
-reach either rule.
+conditions proves nothing about this one.  A lone flag is dismissed once its
+steady window has passed, but remembered over the horizon, so a fault that
+keeps coming back is still confirmed.
 
 *Active* confirmation (the daemon's seam): while a subject is suspect, the
 pipeline can ask the job's probes to run identical work on every rank (a
@@ -43,6 +51,7 @@ class Streak:
     conditions: Hashable
     first_seq: int
     flagged: list[int] = field(default_factory=list)
+    steady: list[int] = field(default_factory=list)
     dismissed: bool = False  # its suspect was dismissed; flags kept for the intermittent rule
 
     @property
@@ -68,16 +77,19 @@ class Persistence:
         self.span = 4 * confirm_windows  # horizon of the intermittent rule
         self.streaks: dict[Hashable, Streak] = {}
 
-    def observe(self, subject: Hashable, seq: int, conditions: Hashable) -> tuple[Verdict, Streak]:
+    def observe(self, subject: Hashable, seq: int, conditions: Hashable,
+                steady: bool = True) -> tuple[Verdict, Streak]:
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
         if streak.flagged[-1:] != [seq]:
             streak.flagged.append(seq)
+        if steady and streak.steady[-1:] != [seq]:
+            streak.steady.append(seq)
         streak.dismissed = False
         streak.flagged = [s for s in streak.flagged if s > seq - self.span]
-        steady = sum(1 for s in streak.flagged if s > seq - (self.need + 1))
-        if steady >= self.need or len(streak.flagged) >= self.need + 1:
+        streak.steady = [s for s in streak.steady if s > seq - (self.need + 1)]
+        if len(streak.steady) >= self.need or len(streak.flagged) >= self.need + 1:
             return Verdict.CONFIRMED, streak
         return Verdict.PENDING, streak
 

@@ -49,6 +49,7 @@ class RankFlags:
     judged_ratio: np.ndarray  # ratio discounted by the rank's usual ratio
     z: np.ndarray
     flagged: np.ndarray  # bool
+    steady: np.ndarray  # bool: the per-step medians show it too (True where not measured)
 
     @property
     def rows(self) -> np.ndarray:
@@ -94,7 +95,26 @@ def detect_ranks(
     # An island of one or two ranks has no peers to speak of: nothing to judge.
     counts = np.bincount(frame.island, minlength=len(frame.island_names))
     flagged &= counts[frame.island] >= 3
-    return RankFlags(median, sigma, ratio, judged, z, flagged)
+    return RankFlags(median, sigma, ratio, judged, z, flagged, steady_rows(frame, settings))
+
+
+def steady_rows(frame: WindowFrame, settings: AnalysisSettings) -> np.ndarray:
+    """Rows whose per-step median busy also stands out (half the MinSlowdown suffices).
+
+    A spike of a few steps or a GC pause raises a window's mean, not its median;
+    a throttled GPU or a starved loader raises both.  Rows without medians count
+    as steady: absent is "not measured", not "not slow".
+    """
+    p50 = frame.busy_p50
+    steady = np.ones(frame.size, dtype=bool)
+    measured = np.isfinite(p50)
+    if not measured.any():
+        return steady
+    for code in np.unique(frame.island[measured]):
+        rows = np.flatnonzero(measured & (frame.island == code))
+        median = float(np.median(p50[rows]))
+        steady[rows] = p50[rows] >= median * (1.0 + settings.min_slowdown / 2)
+    return steady
 
 
 def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -> JobSummary:
@@ -113,6 +133,7 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         busy=med(frame.busy),
         comm_wait=med(frame.comm_wait),
         data=med(frame.data),
+        step_p50=med(frame.step_p50),
         throughput=throughput,
         collectives=dict(collectives or {}),
     )
@@ -134,6 +155,7 @@ class JobFlag:
     busy_rise_ms: float
     comm_rise_ms: float
     data_rise_ms: float
+    steady: bool = True  # the job's per-step median step time rose too
 
     @property
     def comm_bound(self) -> bool:
@@ -163,4 +185,12 @@ def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSetti
         busy_rise_ms=rise("busy"),
         comm_rise_ms=rise("comm_wait"),
         data_rise_ms=rise("data"),
+        steady=_steady_job(summary, history, settings),
     )
+
+
+def _steady_job(summary: JobSummary, history: JobHistory, settings: AnalysisSettings) -> bool:
+    base = history.median("step_p50")
+    if not (np.isfinite(base) and np.isfinite(summary.step_p50)):
+        return True
+    return summary.step_p50 >= base * (1.0 + settings.job_slowdown / 2)

@@ -72,6 +72,8 @@ class WindowFrame:
     compute: np.ndarray
     data: np.ndarray
     samples: np.ndarray
+    busy_p50: np.ndarray  # per-step medians (NaN where the probe sent none)
+    step_p50: np.ndarray
     seconds: np.ndarray
     steps: np.ndarray
     first_step: np.ndarray
@@ -132,6 +134,8 @@ class WindowFrame:
             compute=np.array([_num(r.ms.compute) for r in reports], dtype=np.float64),
             data=np.array([_num(r.ms.data) for r in reports], dtype=np.float64),
             samples=np.array([_num(r.samples) for r in reports], dtype=np.float64),
+            busy_p50=np.array([_num((r.ms_p50 or {}).get("busy")) for r in reports], dtype=np.float64),
+            step_p50=np.array([_num((r.ms_p50 or {}).get("step")) for r in reports], dtype=np.float64),
             seconds=np.array([r.window.seconds for r in reports], dtype=np.float64),
             steps=np.array([r.window.steps for r in reports], dtype=np.int64),
             first_step=np.array([r.window.first_step for r in reports], dtype=np.int64),

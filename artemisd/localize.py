@@ -99,18 +99,8 @@ def _pick(candidates: list[tuple[Cause, float, list[Evidence]]], missing: list[s
     return Diagnosis(Cause.UNKNOWN, round(confidence, 2), tuple(evidence))
 
 
-def _throttle_mask(frame: WindowFrame, rows: np.ndarray) -> tuple[int, bool]:
-    masks = frame.throttle[rows]
-    measured = masks[masks != THROTTLE_UNMEASURED]
-    if measured.size == 0:
-        return 0, False
-    combined = 0
-    for m in measured:
-        combined |= int(m)
-    return combined, True
-
-
-def _peer_throttle_share(frame: WindowFrame, rows: np.ndarray, bits: int) -> float:
+def _throttle_share(frame: WindowFrame, rows: np.ndarray, bits: int) -> float:
+    """Share of ``rows`` (that measured throttle reasons) with any of ``bits`` active."""
     masks = frame.throttle[rows]
     measured = masks[masks != THROTTLE_UNMEASURED]
     if measured.size == 0:
@@ -121,8 +111,15 @@ def _peer_throttle_share(frame: WindowFrame, rows: np.ndarray, bits: int) -> flo
 def _gpu_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[list, bool]:
     tel = frame.telemetry
     found: list[tuple[Cause, float, list[Evidence]]] = []
-    mask, measured = _throttle_mask(frame, rows)
-    names = [name for name, bit in THROTTLE_BIT.items() if mask & bit]
+    measured = bool(np.any(frame.throttle[rows] != THROTTLE_UNMEASURED))
+
+    def stands_out(bits: int) -> bool:
+        # Most of the subject's GPUs show the reason and few of the peers do: a
+        # healthy GPU at full load touches its power cap now and then, and one
+        # such GPU must not explain a whole node's slowdown.
+        return _throttle_share(frame, rows, bits) >= 0.5 and _throttle_share(frame, peers, bits) < 0.25
+
+    names = [name for name, bit in THROTTLE_BIT.items() if stands_out(bit)]
     clock = _median(tel["sm_clock_mhz"][rows])
     peer_clock = _median(tel["sm_clock_mhz"][peers])
     max_clock = _median(tel["max_sm_clock_mhz"][rows])
@@ -134,12 +131,12 @@ def _gpu_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> 
 
     for bits, cause, conf in ((THERMAL_BITS, Cause.GPU_THERMAL, 0.9), (POWER_BITS, Cause.GPU_POWER, 0.9),
                               (APP_CLOCK_BITS, Cause.GPU_CLOCKS, 0.85)):
-        if mask & bits and _peer_throttle_share(frame, peers, bits) < 0.5:
+        if stands_out(bits):
             ev = [throttle_ev, clock_ev]
             if cause is Cause.GPU_THERMAL and np.isfinite(temp):
                 ev.append(Evidence(signal="temp_c", value=_r(temp, 0), peers=_r(peer_temp, 0)))
             found.append((cause, conf, ev))
-    if mask & SLOWDOWN_BIT and _peer_throttle_share(frame, peers, SLOWDOWN_BIT) < 0.5:
+    if stands_out(SLOWDOWN_BIT):
         hot = np.isfinite(temp) and np.isfinite(peer_temp) and temp - peer_temp >= HOT_DELTA_C
         found.append((Cause.GPU_THERMAL if hot else Cause.GPU_POWER, 0.7,
                       [throttle_ev, Evidence(signal="temp_c", value=_r(temp, 0), peers=_r(peer_temp, 0))]))

@@ -251,7 +251,9 @@ class Analyzer:
             island = frame.island_names[int(frame.island[subject_rows[0]])]
             peers = np.flatnonzero((frame.island == frame.island[subject_rows[0]])
                                    & ~np.isin(np.arange(frame.size), subject_rows))
-            self._observe(state, key, seq, (conditions, island), frame, changed,
+            steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
+            node = frame.node_names[int(frame.node[subject_rows[0]])]
+            self._observe(state, key, seq, (conditions, island, node), steady, frame, changed,
                           lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
                               frame, r, p, s.confidence_floor, o),
@@ -260,7 +262,7 @@ class Analyzer:
             key = ("job",)
             flagged_keys.add(key)
             loss = 100.0 * (job_flag.step_ms - job_flag.baseline_step_ms) / max(job_flag.step_ms, 1e-9)
-            self._observe(state, key, seq, conditions, frame, changed,
+            self._observe(state, key, seq, conditions, job_flag.steady, frame, changed,
                           lambda: (job_flag.step_ratio, job_flag.step_ms - job_flag.baseline_step_ms, loss),
                           None, job_flag=job_flag, summary=summary)
         if change is not None:
@@ -268,7 +270,7 @@ class Analyzer:
             flagged_keys.add(key)
             reference, ratio = change
             excess = summary.step - reference.step
-            self._observe(state, key, seq, conditions, frame, changed,
+            self._observe(state, key, seq, conditions, True, frame, changed,
                           lambda: (ratio, excess, 100.0 * excess / max(summary.step, 1e-9)),
                           None, reference=reference, summary=summary)
 
@@ -354,11 +356,11 @@ class Analyzer:
         excess = busy - peer_busy
         return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step, 1e-9)
 
-    def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable,
+    def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable, steady: bool,
                  frame: WindowFrame, changed: dict[str, Incident],
                  measures: Callable[[], tuple[float, float, float]],
                  diagnose: Callable[..., Diagnosis] | None, **context) -> None:
-        verdict, streak = state.persistence.observe(key, seq, conditions)
+        verdict, streak = state.persistence.observe(key, seq, conditions, steady)
         watched = state.open.get(key)
         if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
             watched.healthy_windows = 0  # a confirmed incident still in force

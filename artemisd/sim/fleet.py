@@ -255,6 +255,8 @@ def to_frame(model: JobModel, c: WindowColumns) -> WindowFrame:
         compute=c.compute,
         data=c.data,
         samples=c.samples,
+        busy_p50=c.busy_p50,
+        step_p50=c.step_p50,
         seconds=np.full(world, c.t1 - c.t0),
         steps=np.full(world, c.steps, dtype=np.int64),
         first_step=np.full(world, c.first_step, dtype=np.int64),

@@ -10,20 +10,14 @@ from artemisd.sim.scenarios import change_pair
 from artemisd.sim.score import score
 from artemisd.wire import parse_record
 
-# Known pipeline gap (reported to the analysis owner): a node subject is
-# blamed on gpu.power when any one of its GPUs shows sw_power_cap, which
-# healthy GPUs at full load do now and then (at the default power limit).
-# strict: the marker has to go once the localizer is fixed.
-BENIGN_POWER_CAP = pytest.mark.xfail(
-    strict=True, reason="localize: one GPU's benign sw_power_cap on a node subject outweighs iowait/steal")
 RANK_AND_NODE = [
     ("gpu.thermal", {"rank": 5}),
     ("gpu.power", {"rank": 9}),
     ("gpu.clocks", {"rank": 30}),
-    pytest.param("host.cpu", {"node": 1}, marks=BENIGN_POWER_CAP),
+    ("host.cpu", {"node": 1}),
     ("host.cpu", {"rank": 17, "variant": "steal"}),
     ("input.loader", {"rank": 2}),
-    pytest.param("input.storage", {"node": 3}, marks=BENIGN_POWER_CAP),
+    ("input.storage", {"node": 3}),
     ("comm.link", {"node": 2}),
 ]
 _IDS = ["gpu.thermal", "gpu.power", "gpu.clocks", "host.cpu-node", "host.cpu-rank", "input.loader",
