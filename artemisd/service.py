@@ -52,6 +52,8 @@ REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": Fal
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 PARTITION_CACHE_S = 60.0
 MAX_ITEMS_PER_REQUEST = 100_000
+RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
+RESTART_GAP = 4  # a window this far below the highest seen starts a new run
 
 log = structlog.get_logger("artemisd")
 _BATCH = TypeAdapter(list[Record])
@@ -116,6 +118,7 @@ class Daemon:
         self._last_report: dict[tuple[str, int], tuple[str, str, int | None]] = {}  # -> step, node, gpu
         self._steps: dict[str, str] = {}
         self._window_count: dict[str, int] = {}
+        self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
         self._restoring = False
         self.restore()
 
@@ -142,6 +145,8 @@ class Daemon:
                     record = parse_record(rec.body)
                 except ReportError:
                     continue
+                if type(record) is WindowReport:
+                    self._seed_run(record)
                 self._remember(record)
                 for update in self.analyzer.ingest(record):
                     self._bind_restored(update, by_subject)
@@ -152,6 +157,13 @@ class Daemon:
         if fed or stored:
             log.info("state restored", records=fed, incidents=len(stored), bound=len(self._bound))
         self._update_gauges()
+
+    def _seed_run(self, rec: WindowReport) -> None:
+        base, _, run = rec.step.partition(RUN_SEP)
+        current = (int(run) if run.isdigit() else 0, rec.window.seq)
+        known = self._runs.get((rec.job, base))
+        if known is None or current[0] > known[0] or (current[0] == known[0] and current[1] > known[1]):
+            self._runs[(rec.job, base)] = current
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
         if update.id in self._bound:
@@ -240,6 +252,8 @@ class Daemon:
             if problem:
                 result.rejected.append({"index": index, "error": problem})
                 continue
+            if type(rec) is WindowReport:
+                rec = self._run_of(rec)
             body = rec.model_dump_json(exclude_none=True)
             if type(rec) is WindowReport:
                 rows.append((rec.job, rec.window.seq, rec.node, now, principal.uid, principal.root_side, body))
@@ -254,7 +268,7 @@ class Daemon:
         for rec in kept:
             self._remember(rec)
             if isinstance(rec, WindowReport):
-                steps.add(rec.job_key)
+                steps.add((rec.job, rec.step.split(RUN_SEP, 1)[0]))
                 if rec.probe is not None:
                     self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
                     if rec.probe.cost_ms:
@@ -279,6 +293,36 @@ class Daemon:
         if owner != principal.uid:
             return f"job: {rec.job} is not owned by {principal.who}"
         return None
+
+    def _run_of(self, rec: WindowReport) -> WindowReport:
+        """Tell a restarted job (requeued: windows numbered from 0 again) from late reports.
+
+        The analyzer keys a job step's windows by number, so a second run would
+        look like reports of long-closed windows and be dropped.  A window number
+        more than ``RESTART_GAP`` below the highest seen starts a new *run*,
+        analysed under the step key ``STEP~RUN`` (and stored so, so a restart of
+        the daemon replays it the same way).  Incidents verifying on the old run
+        continue on the new one: its windows all come after the action.
+        """
+        base = rec.step.split(RUN_SEP, 1)[0]
+        run, top = self._runs.get((rec.job, base), (0, -1))
+        seq = rec.window.seq
+        if top - seq > RESTART_GAP:
+            old_key = base if run == 0 else f"{base}{RUN_SEP}{run}"
+            run, top = run + 1, seq
+            self._restarted(rec.job, old_key, f"{base}{RUN_SEP}{run}")
+        self._runs[(rec.job, base)] = (run, max(top, seq))
+        return rec if run == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run}"})
+
+    def _restarted(self, job: str, old_key: str, new_key: str) -> None:
+        if self._restoring:
+            return
+        for stored in self.store.incidents(states=[S.VERIFYING, S.ACTING]):
+            if stored.job == job and (stored.step or "0") == old_key:
+                stored.step = new_key
+                stored.action_window = None
+                self.store.save_incident(stored)
+                self._audit(stored.id, "daemon", "job restarted", f"windows of {job} now counted as {new_key}")
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
         if isinstance(rec, WindowReport):
@@ -353,8 +397,9 @@ class Daemon:
                 self.metrics.probes.labels("refused").inc()
                 self._audit(daemon_incident, "policy", f"probe {req.id} not sent", refused, now=now)
                 continue
-            body = {"type": "probe", "id": req.id, "job": req.job, "step": req.step}
-            self.store.add_directive(req.id, "probe", req.job, req.step, daemon_incident, body, now,
+            step = req.step.split(RUN_SEP, 1)[0]
+            body = {"type": "probe", "id": req.id, "job": req.job, "step": step}
+            self.store.add_directive(req.id, "probe", req.job, step, daemon_incident, body, now,
                                      now + self.config.daemon.probe_timeout)
             self.metrics.probes.labels("issued").inc()
             self._audit(daemon_incident, "daemon", f"probe {req.id} requested", req.reason, now=now)
@@ -469,6 +514,7 @@ class Daemon:
 
     def _params(self, inc: Incident, kind: str, stored: StoredIncident) -> dict[str, Any]:
         step = stored.step or "0"
+        step = step.split(RUN_SEP, 1)[0]
         if kind == "rebalance" and inc.rank is not None:
             share = round(min(1.0, 1.0 / max(inc.ratio or 1.0, 1e-6)), 3)
             return {"job": inc.job, "step": step, "shares": {str(inc.rank): share}}

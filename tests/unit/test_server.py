@@ -189,8 +189,8 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
             assert h.slurm.nodes["n1"].reason == f"artemis: {inc['id']} gpu.thermal rank 2 {inc['ratio']:.2f}x"
             job = h.slurm.jobs["100"]
             assert job.excluded_nodes == ("n1",) and job.pending and not job.held
-            # The job comes back elsewhere at full speed.
-            await h.windows(range(11, 15), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            # The requeued job starts again (windows from 0) elsewhere, at full speed.
+            await h.windows(range(0, 4), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
             [inc] = await h.incidents()
             assert inc["state"] == "resolved" and inc["result"]["recovered"] is True
             assert h.slurm.nodes["n1"].drained  # a fix that worked is kept
