@@ -38,6 +38,9 @@ __all__ = [
 
 _lock = threading.Lock()
 _probe: Any = None
+# (next step, next window seq) of the last uninstalled probe: a reinstall in the
+# same process continues the numbering, so the daemon never sees a seq twice.
+_resume: tuple[int, int] = (0, 0)
 
 
 def install(config: ProbeConfig | None = None) -> bool:
@@ -52,7 +55,7 @@ def install(config: ProbeConfig | None = None) -> bool:
             return True
         from torch_hook.probe import Probe
 
-        probe = Probe(config or ProbeConfig.from_env())
+        probe = Probe(config or ProbeConfig.from_env(), resume=_resume)
         try:
             probe.install()
         except Exception as err:  # noqa: BLE001 -- a torch without some hook point
@@ -65,10 +68,11 @@ def install(config: ProbeConfig | None = None) -> bool:
 
 def uninstall() -> None:
     """Restore every patched function and stop the sender (flushing for up to 3 s)."""
-    global _probe
+    global _probe, _resume
     with _lock:
         probe, _probe = _probe, None
     if probe is not None:
+        _resume = (probe.recorder.step + (1 if probe.recorder.started else 0), probe.recorder.seq)
         probe.uninstall()
 
 

@@ -11,27 +11,14 @@ class ConfigError(ValueError):
     """A bad ARTEMIS_* variable; the message names the variable and value."""
 
 
-def _int(env: dict[str, str], name: str, default: int, low: int) -> int:
+def _number(env: dict[str, str], name: str, default: float, low: float, kind: type = float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
-    if value < low:
-        raise ConfigError(f"{name}={raw!r}: must be at least {low}")
-    return value
-
-
-def _float(env: dict[str, str], name: str, default: float, low: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+        raise ConfigError(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
     if value < low:
         raise ConfigError(f"{name}={raw!r}: must be at least {low}")
     return value
@@ -72,10 +59,10 @@ class ProbeConfig:
             job=env.get("ARTEMIS_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
             job_step=env.get("ARTEMIS_STEP_ID") or env.get("SLURM_STEP_ID") or "0",
             node=env.get("ARTEMIS_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname(),
-            window_steps=_int(env, "ARTEMIS_WINDOW_STEPS", 50, 1),
-            window_seconds=_float(env, "ARTEMIS_WINDOW_SECONDS", 60.0, 0.001),
-            queue_size=_int(env, "ARTEMIS_QUEUE", 64, 1),
-            http_timeout_s=_float(env, "ARTEMIS_HTTP_TIMEOUT", 2.0, 0.01),
+            window_steps=int(_number(env, "ARTEMIS_WINDOW_STEPS", 50, 1, int)),
+            window_seconds=_number(env, "ARTEMIS_WINDOW_SECONDS", 60.0, 0.001),
+            queue_size=int(_number(env, "ARTEMIS_QUEUE", 64, 1, int)),
+            http_timeout_s=_number(env, "ARTEMIS_HTTP_TIMEOUT", 2.0, 0.01),
             munge_socket=env.get("ARTEMIS_MUNGE_SOCKET") or None,
             boundary_sync=sync in ("1", "yes", "true", "on"),
         )

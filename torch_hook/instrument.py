@@ -60,6 +60,10 @@ _ALWAYS_ASYNC = {"isend", "irecv"}
 _MAX_TRACKED_WORKS = 4096
 
 _local = threading.local()  # .inside: the probe's own or an already-timed call is running
+# The installed probe.  Patches are per install, but a comm hook stays on its
+# DDP model for good, so the hook finds the probe here at every call: a model
+# built under one install is timed again after uninstall() + install().
+_current: Any = None
 
 
 class _Spec:
@@ -132,8 +136,13 @@ class Instrumentation:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handles.append(register_optimizer_step_post_hook(self._optimizer_hook))
+        global _current
+        _current = self.target
 
     def uninstall(self) -> None:
+        global _current
+        if _current is self.target:
+            _current = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -281,7 +290,8 @@ class Instrumentation:
                 def first_forward(mod: Any, inputs: Any) -> None:
                     holder[0].remove()
                     try:
-                        if not getattr(mod, "_artemis_comm_hook", False) and inst.target.active:
+                        target = _current  # maybe a later install than the one that saw __init__
+                        if not getattr(mod, "_artemis_comm_hook", False) and target is not None and target.active:
                             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
                             mod.register_comm_hook(mod.process_group, allreduce_hook)
@@ -307,7 +317,6 @@ class Instrumentation:
 
     def timed_comm_hook(self, hook: Callable[..., Any], state: object) -> Callable[..., Any]:
         """Wrap a DDP comm hook so each bucket's launch and completion are marked."""
-        inst = self
         # The default hooks take their process group as state (None = world).
         if state is None or isinstance(state, dist.ProcessGroup):
             group = self.group_name(state)
@@ -321,15 +330,15 @@ class Instrumentation:
         # and annotations, if any, must be the real types (not the strings that
         # `from __future__ import annotations` would make), so there are none.
         def artemis_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
-            target = inst.target
-            if not target.active:
+            target = _current
+            if target is None or not target.active:
                 return hook(state, bucket)
             try:
                 buffer = bucket.buffer()
                 nbytes = _nbytes(buffer)
                 launch = mark_for(buffer)
             except Exception as err:  # noqa: BLE001
-                inst.fault(err)
+                target.instrumentation.fault(err)
                 return hook(state, bucket)
             _local.inside = True  # the hook's own dist.all_reduce is this bucket
             try:
@@ -339,7 +348,7 @@ class Instrumentation:
             try:
                 return target.ddp.bucket(op, group, nbytes, launch, buffer, fut)
             except Exception as err:  # noqa: BLE001
-                inst.fault(err)
+                target.instrumentation.fault(err)
                 return fut
 
         artemis_timed_hook.__qualname__ = getattr(hook, "__qualname__", "artemis_timed_hook")

@@ -68,10 +68,10 @@ def _cpu_model() -> str:
 
 
 class Probe:
-    def __init__(self, config: ProbeConfig):
+    def __init__(self, config: ProbeConfig, resume: tuple[int, int] = (0, 0)):
         self.config = config
         self.active = False
-        self.recorder = StepRecorder(config.window_steps)
+        self.recorder = StepRecorder(config.window_steps, *resume)
         self.ddp = DdpTracker()
         self.instrumentation = Instrumentation(self)
         self.device_mode = False

@@ -105,20 +105,24 @@ class ClosedWindow:
 class StepRecorder:
     """Accumulates one rank's steps into windows.  Hot-path methods are tiny.
 
-    Window k normally covers steps [kW, (k+1)W).  ``next_window_steps`` lets
+    Window k normally covers steps [kW, (k+1)W); a recorder that resumes
+    (``start_step``, ``start_seq``: a reinstall in the same process) keeps
+    counting where the previous one stopped.  ``next_window_steps`` lets
     the probe shorten later windows once all ranks agreed to (time limit), so
     window boundaries stay identical on every rank.
     """
 
-    def __init__(self, window_steps: int):
+    def __init__(self, window_steps: int, start_step: int = 0, start_seq: int = 0):
         self.window_steps = window_steps
         self._next_len = window_steps
         self._lock = threading.Lock()
         self.started = False
-        self.step = 0  # index of the step in progress
-        self.seq = 0
-        self._window_first = 0
-        self._window_end = window_steps
+        self.step = start_step  # index of the step in progress
+        self.seq = start_seq
+        self._window_first = start_step
+        # Resuming mid-grid (a reinstall): the first window ends on the grid,
+        # so windows stay aligned with ranks that never stopped.
+        self._window_end = (start_step // window_steps + 1) * window_steps
         self._t0 = time.time()
         self._step_start = time.perf_counter()
         self._reset_window_lists()

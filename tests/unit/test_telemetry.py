@@ -145,3 +145,10 @@ def test_host_sampler_reads_this_machine():
     sampler = host.HostSampler()
     sum(i * i for i in range(200_000))
     HostTelemetry(**sampler.sample())
+
+
+def test_vocabulary_matches_the_wire_contract():
+    from artemisd.wire import THROTTLE_REASONS
+    from torch_hook.telemetry import THROTTLE_VOCABULARY
+
+    assert THROTTLE_VOCABULARY == THROTTLE_REASONS

@@ -17,9 +17,11 @@ AMD SMI, else none).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
-# The contract's throttle vocabulary; AMD reasons are mapped onto it.
+# The contract's throttle vocabulary (artemisd.wire.THROTTLE_REASONS, copied
+# because this package must not import artemisd; a unit test keeps them equal).
 THROTTLE_VOCABULARY = (
     "sw_power_cap",
     "hw_slowdown",
@@ -32,6 +34,19 @@ THROTTLE_VOCABULARY = (
 )
 
 BACKENDS = ("auto", "nvml", "amdsmi", "emulated", "none")
+
+
+def attempt(query: Callable[[], Any]) -> Any:
+    """Run one vendor query; None when the device does not support it.
+
+    NVML and AMD SMI raise for a query a board does not support (ECC on
+    consumer parts, PCIe replay on some SXM boards); that field is then simply
+    not measured, and the other queries still run.
+    """
+    try:
+        return query()
+    except Exception:  # noqa: BLE001 -- NVMLError_NotSupported, AmdSmiLibraryException, ...
+        return None
 
 
 class TelemetryUnavailable(RuntimeError):
@@ -73,20 +88,22 @@ def open_backend(choice: str | None = None, node: str | None = None) -> GpuBacke
         from torch_hook.telemetry.emulated import EmulatedBackend
 
         return EmulatedBackend.from_env(node)
-    if choice in ("nvml", "auto"):
-        from torch_hook.telemetry.nvml import NvmlBackend
-
+    for name in ("nvml", "amdsmi"):
+        if choice not in (name, "auto"):
+            continue
         try:
-            return NvmlBackend.open()
+            return _vendor_backend(name)
         except TelemetryUnavailable:
-            if choice == "nvml":
-                raise
-    if choice in ("amdsmi", "auto"):
-        from torch_hook.telemetry.amdsmi import AmdSmiBackend
-
-        try:
-            return AmdSmiBackend.open()
-        except TelemetryUnavailable:
-            if choice == "amdsmi":
+            if choice == name:
                 raise
     return None
+
+
+def _vendor_backend(name: str) -> GpuBackend:
+    if name == "nvml":
+        from torch_hook.telemetry.nvml import NvmlBackend
+
+        return NvmlBackend.open()
+    from torch_hook.telemetry.amdsmi import AmdSmiBackend
+
+    return AmdSmiBackend.open()

@@ -14,10 +14,9 @@ reasons, so those names never appear for AMD.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from torch_hook.telemetry import TelemetryUnavailable
+from torch_hook.telemetry import TelemetryUnavailable, attempt
 
 # SMU_THROTTLER_* bit ranges -> contract vocabulary.
 #   0-7   PPT0..3, SPL, FPPT, SPPT, SPPT_APU: firmware power limits -> sw_power_cap
@@ -136,15 +135,9 @@ class AmdSmiBackend:
             raise TelemetryUnavailable("amdsmi sees no AMD GPU")
         return backend
 
-    def _try(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception:  # noqa: BLE001 -- AmdSmiLibraryException: not supported
-            return None
-
     def _all(self) -> list[Any]:
         if self._handles is None:
-            self._handles = list(self._try(self._smi.amdsmi_get_processor_handles) or [])
+            self._handles = list(attempt(self._smi.amdsmi_get_processor_handles) or [])
         return self._handles
 
     def _handle(self, index: int) -> Any:
@@ -156,7 +149,7 @@ class AmdSmiBackend:
 
     def driver(self) -> str | None:
         handle = self._handle(0)
-        info = self._try(lambda: self._smi.amdsmi_get_gpu_driver_info(handle)) if handle is not None else None
+        info = attempt(lambda: self._smi.amdsmi_get_gpu_driver_info(handle)) if handle is not None else None
         version = (info or {}).get("driver_version")
         return str(version) if version else None
 
@@ -164,8 +157,8 @@ class AmdSmiBackend:
         handle = self._handle(index)
         if handle is None:
             return None
-        asic = self._try(lambda: self._smi.amdsmi_get_gpu_asic_info(handle)) or {}
-        uuid = self._try(lambda: self._smi.amdsmi_get_gpu_device_uuid(handle))
+        asic = attempt(lambda: self._smi.amdsmi_get_gpu_asic_info(handle)) or {}
+        uuid = attempt(lambda: self._smi.amdsmi_get_gpu_device_uuid(handle))
         out: dict[str, Any] = {"vendor": "amd", "model": str(asic.get("market_name") or "AMD GPU"), "index": index}
         if uuid:
             out["uuid"] = str(uuid)
@@ -181,21 +174,21 @@ class AmdSmiBackend:
             # MI200/MI300 have no edge sensor; hotspot (junction) is what
             # NVML's "GPU temperature" corresponds to on those parts.
             for sensor in ("EDGE", "HOTSPOT"):
-                value = self._try(lambda: s.amdsmi_get_temp_metric(
+                value = attempt(lambda: s.amdsmi_get_temp_metric(
                     handle, getattr(s.AmdSmiTemperatureType, sensor), s.AmdSmiTemperatureMetric.CURRENT))
                 if _number(value) is not None:
                     return value
             return None
 
         return {
-            "clock": self._try(lambda: s.amdsmi_get_clock_info(handle, s.AmdSmiClkType.GFX)),
-            "power": self._try(lambda: s.amdsmi_get_power_info(handle)),
-            "power_cap": self._try(lambda: s.amdsmi_get_power_cap_info(handle)),
+            "clock": attempt(lambda: s.amdsmi_get_clock_info(handle, s.AmdSmiClkType.GFX)),
+            "power": attempt(lambda: s.amdsmi_get_power_info(handle)),
+            "power_cap": attempt(lambda: s.amdsmi_get_power_cap_info(handle)),
             "temp_c": temperature(),
-            "activity": self._try(lambda: s.amdsmi_get_gpu_activity(handle)),
-            "metrics": self._try(lambda: s.amdsmi_get_gpu_metrics_info(handle)),
-            "ecc": self._try(lambda: s.amdsmi_get_gpu_total_ecc_count(handle)),
-            "pcie_replay": self._try(lambda: s.amdsmi_get_gpu_pci_replay_counter(handle)),
+            "activity": attempt(lambda: s.amdsmi_get_gpu_activity(handle)),
+            "metrics": attempt(lambda: s.amdsmi_get_gpu_metrics_info(handle)),
+            "ecc": attempt(lambda: s.amdsmi_get_gpu_total_ecc_count(handle)),
+            "pcie_replay": attempt(lambda: s.amdsmi_get_gpu_pci_replay_counter(handle)),
         }
 
     def sample(self, index: int) -> dict[str, Any]:

@@ -9,10 +9,9 @@ NVML cannot run on a machine without an NVIDIA driver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from torch_hook.telemetry import TelemetryUnavailable
+from torch_hook.telemetry import TelemetryUnavailable, attempt
 
 # NVML clock-event ("throttle") reason bits, nvml.h nvmlClocksEventReason*.
 # The contract's vocabulary was taken from these names.
@@ -100,25 +99,19 @@ class NvmlBackend:
             self._handles[index] = self._nvml.nvmlDeviceGetHandleByIndex(index)
         return self._handles[index]
 
-    def _try(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception:  # noqa: BLE001 -- NVMLError_NotSupported and friends
-            return None
-
     def count(self) -> int:
-        return int(self._try(self._nvml.nvmlDeviceGetCount) or 0)
+        return int(attempt(self._nvml.nvmlDeviceGetCount) or 0)
 
     def driver(self) -> str | None:
-        value = self._try(self._nvml.nvmlSystemGetDriverVersion)
+        value = attempt(self._nvml.nvmlSystemGetDriverVersion)
         return _text(value) if value is not None else None
 
     def device(self, index: int) -> dict[str, Any] | None:
-        handle = self._try(lambda: self._handle(index))
+        handle = attempt(lambda: self._handle(index))
         if handle is None:
             return None
-        name = self._try(lambda: self._nvml.nvmlDeviceGetName(handle))
-        uuid = self._try(lambda: self._nvml.nvmlDeviceGetUUID(handle))
+        name = attempt(lambda: self._nvml.nvmlDeviceGetName(handle))
+        uuid = attempt(lambda: self._nvml.nvmlDeviceGetUUID(handle))
         out: dict[str, Any] = {"vendor": "nvidia", "model": _text(name) if name else "NVIDIA GPU", "index": index}
         if uuid:
             out["uuid"] = _text(uuid)
@@ -126,7 +119,7 @@ class NvmlBackend:
 
     def read_raw(self, index: int) -> dict[str, Any]:
         n = self._nvml
-        handle = self._try(lambda: self._handle(index))
+        handle = attempt(lambda: self._handle(index))
         if handle is None:
             return {}
 
@@ -137,17 +130,17 @@ class NvmlBackend:
             return getter(handle)
 
         return {
-            "sm_clock": self._try(lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_SM)),
-            "max_sm_clock": self._try(lambda: n.nvmlDeviceGetMaxClockInfo(handle, n.NVML_CLOCK_SM)),
-            "power_mw": self._try(lambda: n.nvmlDeviceGetPowerUsage(handle)),
-            "enforced_limit_mw": self._try(lambda: n.nvmlDeviceGetEnforcedPowerLimit(handle)),
-            "default_limit_mw": self._try(lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
-            "temp_c": self._try(lambda: n.nvmlDeviceGetTemperature(handle, n.NVML_TEMPERATURE_GPU)),
-            "util_gpu": self._try(lambda: n.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "clock_event_mask": self._try(clock_events),
-            "ecc_uncorrected_volatile": self._try(lambda: n.nvmlDeviceGetTotalEccErrors(
+            "sm_clock": attempt(lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_SM)),
+            "max_sm_clock": attempt(lambda: n.nvmlDeviceGetMaxClockInfo(handle, n.NVML_CLOCK_SM)),
+            "power_mw": attempt(lambda: n.nvmlDeviceGetPowerUsage(handle)),
+            "enforced_limit_mw": attempt(lambda: n.nvmlDeviceGetEnforcedPowerLimit(handle)),
+            "default_limit_mw": attempt(lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
+            "temp_c": attempt(lambda: n.nvmlDeviceGetTemperature(handle, n.NVML_TEMPERATURE_GPU)),
+            "util_gpu": attempt(lambda: n.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "clock_event_mask": attempt(clock_events),
+            "ecc_uncorrected_volatile": attempt(lambda: n.nvmlDeviceGetTotalEccErrors(
                 handle, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
-            "pcie_replay": self._try(lambda: n.nvmlDeviceGetPcieReplayCounter(handle)),
+            "pcie_replay": attempt(lambda: n.nvmlDeviceGetPcieReplayCounter(handle)),
         }
 
     def sample(self, index: int) -> dict[str, Any]:
