@@ -8,9 +8,11 @@ objects), so what is timed is ``Analyzer.analyze_frame`` alone: detect,
 confirm, localize and the baseline updates for one assembled window.  Each
 size is run twice: a healthy job, and a job with one straggling GPU from the
 first timed window on (flags, a suspect, confirmation and localisation).
-The simulated noise includes GC pauses and short spikes, so a 100k-rank job
-has some transient suspects in every window, as a real one would; the
-``incident_updates`` column shows how many incidents each window touched.  The
+Three cases per size: ``quiet`` (per-step noise only: the floor of the
+per-window cost), ``healthy`` (the simulator's default noise with GC pauses
+and short per-rank blips, so a 100k-rank job has transient suspects in every
+window, as a real one would) and ``straggler`` (healthy plus one slow GPU).
+``incident_updates`` is how many incidents each window created or changed.  The
 analyser first sees ``--history`` healthy windows so its baselines are
 populated, as in a running job.  BLAS/OpenMP pools are limited to one thread
 and the process is pinned to one CPU before numpy loads.
@@ -30,16 +32,21 @@ import time  # noqa: E402
 
 from artemisd.config import load_config  # noqa: E402
 from artemisd.pipeline import Analyzer  # noqa: E402
-from artemisd.sim import NVIDIA_H100, FaultSpec, Fleet, FleetSpec, JobSpec  # noqa: E402
+from artemisd.sim import NVIDIA_H100, FaultSpec, Fleet, FleetSpec, JobSpec, NoiseSpec  # noqa: E402
 
 TARGET_MS_100K = 200.0  # issue 2: one window of a 100k-rank job in <= 200 ms on one core
 
 
-def measure(ranks: int, history: int, repeats: int, straggler: bool, config) -> tuple[list[float], list[int]]:
+CASES = ("quiet", "healthy", "straggler")
+QUIET = NoiseSpec(gc_rate=0.0, spike_rate=0.0, comm_spike_rate=0.0)
+
+
+def measure(ranks: int, history: int, repeats: int, case: str, config) -> tuple[list[float], list[int]]:
     """Per timed window: the analysis time (ms) and how many incidents it created or changed."""
+    straggler = case == "straggler"
     faults = (FaultSpec(cause="gpu.thermal", rank=ranks // 3, onset=history, magnitude=0.2),) if straggler else ()
     job = JobSpec(job="1", islands=(NVIDIA_H100.model_copy(update={"ranks": ranks}),),
-                  windows=history + repeats, faults=faults)
+                  windows=history + repeats, faults=faults, noise=QUIET if case == "quiet" else NoiseSpec())
     analyzer = Analyzer(config.analysis)
     times, updates = [], []
     for frame in Fleet(FleetSpec(seed=1, jobs=(job,))).frames("1"):
@@ -68,16 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("ranks", "case", "median_ms", "min_ms", "max_ms", "windows", "incident_updates")]
     worst_100k = None
     for ranks in sizes:
-        for straggler in (False, True):
-            times, updates = measure(ranks, args.history, args.repeats, straggler, config)
+        for case in CASES:
+            times, updates = measure(ranks, args.history, args.repeats, case, config)
             med = statistics.median(times)
-            rows.append((f"{ranks:,}", "straggler" if straggler else "healthy", f"{med:.1f}",
+            rows.append((f"{ranks:,}", case, f"{med:.1f}",
                          f"{min(times):.1f}", f"{max(times):.1f}", str(len(times)),
                          f"{statistics.median(updates):g}/window"))
             if ranks == 100_000:
                 worst_100k = max(worst_100k or 0.0, med)
-            print(f"  {ranks:>7,} ranks {'straggler' if straggler else 'healthy':9}: median {med:.1f} ms",
-                  file=sys.stderr, flush=True)
+            print(f"  {ranks:>7,} ranks {case:9}: median {med:.1f} ms", file=sys.stderr, flush=True)
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     print(f"analysis time of one window, one core (cpu {sorted(os.sched_getaffinity(0))}), "
           f"after {args.history} healthy windows")
