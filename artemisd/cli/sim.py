@@ -30,7 +30,8 @@ run.truth.json (injected faults, healthy-but-slow GPUs, transients).
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sim", help="simulate a training fleet into a wire-format trace with ground truth",
-        description="Write a simulated training-fleet trace (wire v1) and its ground truth.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description="Write a simulated training-fleet trace (wire v1) and its ground truth.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", type=Path, help="output trace (JSON Lines); the truth goes beside it")
     p.add_argument("--spec", type=Path, help="FleetSpec JSON; replaces the job options below")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")

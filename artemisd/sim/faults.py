@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from artemisd.sim.spec import CHANGE_CAUSES, FaultSpec
+from artemisd.sim.spec import FaultSpec
 
 
 @dataclass
@@ -196,7 +196,3 @@ def apply_telemetry(fault: ActiveFault, mean_inten: float, tel: Telemetry, rng: 
         tel.net_retransmits_per_s[fault.node] += (150.0 + 3000.0 * m) * mean_inten
     # comm.island and change.* leave no trace in per-node counters: the
     # analyser has to find them from collective timings and fingerprints.
-
-
-def is_change(cause: str) -> bool:
-    return cause in CHANGE_CAUSES

@@ -32,6 +32,7 @@ _GPU_FIELDS = ("sm_clock_mhz", "max_sm_clock_mhz", "power_w", "power_limit_w", "
                "temp_c", "util_pct")
 _HOST_FIELDS = ("cpu_pct", "steal_pct", "iowait_pct", "ctx_invol_per_s", "net_retransmits_per_s")
 _KERNEL = "6.1.0-28-amd64"
+_GRAD_BYTES = 2.0e9  # all-reduce payload per step; only reported, never judged
 
 
 def truth_path(trace: str | Path) -> Path:
@@ -66,11 +67,12 @@ class Fleet:
             yield record
 
     def _job_records(self, model: JobModel) -> Iterator[tuple[float, int, dict[str, Any]]]:
-        spec, layout = model.spec, model.layout
+        layout = model.layout
         order = 0
         start = model.t
-        for node, name in enumerate(layout.node_names):
-            yield start - 2.0 + 0.01 * node / layout.nodes, order, self._node_event(model, node, "job_start", start - 2.0)
+        for node in range(layout.nodes):  # the prolog reports before the first step
+            event = self._node_event(model, node, "job_start", start - 2.0)
+            yield start - 2.0 + 0.01 * node / layout.nodes, order, event
             order += 1
         static = [self._static(model, r) for r in range(layout.world)]
         cols = None
@@ -104,11 +106,11 @@ class Fleet:
         node = int(model.layout.node_of[r])
         step, busy = round(float(c.step[r]), 3), round(float(c.busy[r]), 3)
         collectives = [{"op": "all_reduce", "group": "world", "calls": c.steps,
-                        "bytes": 2.0e9 * c.steps, "ms": round(float(c.world_coll_ms[r]), 3)}]
+                        "bytes": _GRAD_BYTES * c.steps, "ms": round(float(c.world_coll_ms[r]), 3)}]
         if c.island_coll_ms is not None:
             # The intra-island stage's process group is named after its island.
             collectives.append({"op": "reduce_scatter", "group": static["island"],
-                                "calls": c.steps, "bytes": 1.0e9 * c.steps,
+                                "calls": c.steps, "bytes": _GRAD_BYTES / 2 * c.steps,
                                 "ms": round(float(c.island_coll_ms[r]), 3)})
         rec: dict[str, Any] = {
             "type": "window", "v": 1, "job": spec.job, "step": "0", "rank": r, "world": model.layout.world,
@@ -272,11 +274,12 @@ def to_frame(model: JobModel, c: WindowColumns) -> WindowFrame:
 
 
 def simulate_records(spec: FleetSpec) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Convenience for tests and benchmarks: all records and the truth."""
+    """All records (in arrival order) and the truth, for tests and benchmarks."""
     fleet = Fleet(spec)
     records = list(fleet.records())
     return records, fleet.truth()
 
 
 def single_job(job: JobSpec, seed: int = 0) -> FleetSpec:
+    """A fleet of one job."""
     return FleetSpec(seed=seed, jobs=(job,))

@@ -26,9 +26,7 @@ import numpy as np
 
 from artemisd.frame import THROTTLE_BIT
 from artemisd.sim.faults import ActiveFault, JobWideEffects, Telemetry, apply_telemetry, apply_timing
-from artemisd.sim.spec import CHANGE_CAUSES, JobSpec
-
-_GRAD_BYTES = 2.0e9  # all-reduce payload per step; only reported, never judged
+from artemisd.sim.spec import FaultSpec, JobSpec
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,8 @@ class JobModel:
 
     # --- faults ------------------------------------------------------------
 
-    def _resolve(self, index: int, f) -> ActiveFault:
+    def _resolve(self, index: int, f: FaultSpec) -> ActiveFault:
+        """Pick the fault's targets (drawn when the spec leaves them out)."""
         layout, rng = self.layout, self.rng
         end = self.spec.windows - 1 if f.duration is None else min(self.spec.windows - 1, f.onset + f.duration - 1)
         ranks = np.empty(0, dtype=np.int64)
@@ -359,6 +358,3 @@ class JobModel:
                 allreduce[layout.island_of == f.island] *= 1.0 + m * step_ms / max(self.spec.island_comm_ms, 1.0)
         return ProbeColumns(id=f"PRB-{self.spec.job}-{seq}", gemm_ms=gemm, allreduce_ms=allreduce,
                             p2p_peer=peer, p2p_ms=p2p)
-
-    def is_change_job(self) -> bool:
-        return any(f.cause in CHANGE_CAUSES for f in self.faults)
