@@ -222,22 +222,31 @@ class Daemon:
         return out
 
     async def job_info(self, job: str, fresh: bool = False, strict: bool = False) -> JobInfo | None:
-        now = self.clock()
-        cached = self._job_info.get(job)
-        if cached and not fresh and now - cached[0] < self.config.daemon.job_cache_seconds:
-            return cached[1]
-        try:
-            info = await asyncio.to_thread(self.slurm.job, job)
-        except SlurmError as err:
-            self.metrics.backend_errors.labels("slurm").inc()
-            log.warning("slurm job lookup failed", job=job, error=str(err))
-            if strict and not cached:
-                raise
-            return cached[1] if cached else None
-        self._job_info[job] = (now, info)
-        if info is not None:
+        before = self._job_info.get(job)
+        info = await self._slurm_cached(self._job_info, job, self.config.daemon.job_cache_seconds,
+                                        self.slurm.job, fresh, strict, None)
+        if info is not None and self._job_info.get(job) is not before:  # read from Slurm just now
             self.store.set_job_owner(job, info.user_id, info.partition)
         return info
+
+    async def _slurm_cached(self, cache: dict, key: str, ttl: float, read: Callable[[str], Any],
+                            fresh: bool, strict: bool, default: Any) -> Any:
+        """A Slurm read through a TTL cache.  Slurm down: the stale value, or ``default``
+        (``strict``: raise when there is nothing cached, so the caller waits instead of guessing)."""
+        now = self.clock()
+        cached = cache.get(key)
+        if cached and not fresh and now - cached[0] < ttl:
+            return cached[1]
+        try:
+            value = await asyncio.to_thread(read, key)
+        except SlurmError as err:
+            self.metrics.backend_errors.labels("slurm").inc()
+            log.warning("slurm lookup failed", what=getattr(read, "__name__", "?"), key=key, error=str(err))
+            if strict and not cached:
+                raise
+            return cached[1] if cached else default
+        cache[key] = (now, value)
+        return value
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                owners: dict[str, int | None] | None = None, rejected: list[dict[str, Any]] | None = None) -> IngestResult:
@@ -544,20 +553,8 @@ class Daemon:
     async def _nodes_of(self, partition: str | None, strict: bool = False) -> tuple[str, ...]:
         if not partition:
             return ()
-        now = self.clock()
-        cached = self._partition_nodes.get(partition)
-        if cached and now - cached[0] < PARTITION_CACHE_S:
-            return cached[1]
-        try:
-            nodes = await asyncio.to_thread(self.slurm.partition_nodes, partition)
-        except SlurmError as err:
-            self.metrics.backend_errors.labels("slurm").inc()
-            log.warning("slurm partition lookup failed", partition=partition, error=str(err))
-            if strict and not cached:
-                raise
-            return cached[1] if cached else ()
-        self._partition_nodes[partition] = (now, nodes)
-        return nodes
+        return await self._slurm_cached(self._partition_nodes, partition, PARTITION_CACHE_S,
+                                        self.slurm.partition_nodes, False, strict, ())
 
     def _cooldown_left(self, target: str, incident_id: str, cooldown: float, now: float) -> float:
         last = self.store.last_action_on(target, incident_id)

@@ -112,6 +112,14 @@ class Harness:
         return await (await self.client.get(f"/v1/incidents/{inc}")).json()
 
 
+async def hot_gpu_confirmed(h: Harness, slow_windows: range = range(8, 12), evidence: bool = True) -> None:
+    """Eight healthy windows, a root-side node check seeing the hot GPU on n1, then rank 2 slows down."""
+    await h.windows(range(0, 8), HEALTHY)
+    if evidence:
+        await h.node_event("n1", gpus=[{"index": 0, "temp_c": 93, "throttle": ["sw_thermal"]}])
+    await h.windows(slow_windows, SLOW_BUSY, gpu=HOT)
+
+
 def cluster() -> MemorySlurm:
     slurm = MemorySlurm({f"n{i}": "allocated" for i in range(4)} | {f"spare{i}": "idle" for i in range(12)})
     slurm.add_job("100", 1000, tuple(f"n{i}" for i in range(4)))
@@ -162,8 +170,7 @@ def test_drain_without_root_evidence_is_escalated_not_done(tmp_path, smtp):
         conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\n"
                 "PartitionPolicy=gpu Auto=drain,requeue,escalate\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, evidence=False)
             [inc] = await h.incidents()
             assert inc["cause"] == "gpu.thermal"
             assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate"
@@ -180,10 +187,8 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
     async def scenario():
         conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "temp_c": 93, "throttle": ["sw_thermal"]}])
             # Confirmed after window 9; drained then, requeued at the next turn: the job leaves.
-            await h.windows(range(8, 11), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, range(8, 11))
             [inc] = await h.incidents()
             assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying", inc
             assert h.slurm.nodes["n1"].reason == f"artemis: {inc['id']} gpu.thermal rank 2 {inc['ratio']:.2f}x"
@@ -204,9 +209,7 @@ def test_person_drained_node_is_left_alone(tmp_path):
         slurm.calls.clear()
         conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, slurm, Clock()) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["hw_thermal"]}])
-            await h.windows(range(8, 13), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, range(8, 13))
             [inc] = await h.incidents()
             assert slurm.nodes["n1"].reason == "fan replaced, burn-in (jdoe)"
             assert inc["state"] == "escalated"
@@ -248,9 +251,7 @@ def test_approval_gate(tmp_path):
     async def scenario():
         conf = "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
-            await h.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, range(8, 12))
             [inc] = await h.incidents()
             assert inc["state"] == "escalated" and inc["action"]["status"] == "pending_approval"
             assert not h.slurm.nodes["n1"].drained
@@ -289,9 +290,7 @@ def test_slurm_unreachable_actions_are_retried_with_backoff_never_lost(tmp_path)
         slurm = cluster()
         conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, slurm, Clock()) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
-            await h.windows(range(8, 9), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, range(8, 9))
             slurm.down = True
             await h.windows(range(9, 12), SLOW_BUSY, gpu=HOT)  # ingest keeps working
             [inc] = await h.incidents()
@@ -373,9 +372,7 @@ def test_restart_resumes_incidents_without_duplicates_or_repeats(tmp_path):
         clock = Clock()
         conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, slurm, clock) as h:
-            await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
-            await h.windows(range(8, 11), SLOW_BUSY, gpu=HOT)
+            await hot_gpu_confirmed(h, range(8, 11))
             [before] = await h.incidents()
             assert before["state"] == "verifying"
         writes_before = [c for c in slurm.calls if c[0] in ("drain", "requeue_hold", "release")]
