@@ -286,6 +286,8 @@ class Daemon:
                 self._publish(update, now)
         self._issue_probes(now)
         self._prune(kept)
+        if principal.root_side:
+            self._forget_ended(kept)
         result.accepted = len(kept)
         self.metrics.reports.labels("accepted").inc(len(kept))
         self.metrics.reports.labels("rejected").inc(len(result.rejected))
@@ -338,6 +340,16 @@ class Daemon:
             gpu = rec.device.index if rec.device is not None else None
             self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
             self._steps[rec.job] = rec.step
+
+    def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
+        """A job's epilog said it ended and none of its incidents is open: its window history goes.
+
+        A requeued job's epilog also says job_end; its incident is still verifying
+        then, so its history (and the analyzer's restart from it) stays.
+        """
+        for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
+            if all(i.state in FINAL for i in self.store.incidents(job=job)):
+                self.store.forget_job(job)
 
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept
@@ -431,9 +443,8 @@ class Daemon:
     async def run_once(self) -> None:
         """One turn: decide what confirmed incidents get, run due actions, verify, close recovered ones."""
         now = self.clock()
-        for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED]):
-            if stored.decide:
-                await self._decide(stored, now)
+        for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
+            await self._decide(stored, now)
         for row in self.store.due_actions(now):
             await self._run_action(row)
         for stored in self.store.incidents(states=[S.VERIFYING]):
@@ -496,7 +507,7 @@ class Daemon:
                 self._save(stored, inc)
                 return
             status = "queued" if decision.mode == "auto" else "pending_approval"
-            action_id = self.store.add_action(inc.id, kind, target, self._params(inc, kind, stored), status, now)
+            self.store.add_action(inc.id, kind, target, self._params(inc, kind, stored), status, now)
             inc.action = Action(kind=kind, target=target, reversible=REVERSIBLE[kind],
                                 status="running" if status == "queued" else "pending_approval")
             stored.decide = False

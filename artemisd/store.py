@@ -265,13 +265,20 @@ class Store:
                  inc.action_window, inc.baseline, int(inc.decide), json.dumps(inc.body), inc.created,
                  inc.updated))
 
-    def incidents(self, states: Iterable[str] | None = None) -> list[StoredIncident]:
-        sql = f"SELECT {_INCIDENT_COLS} FROM incidents"
+    def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
+                  decide: bool | None = None) -> list[StoredIncident]:
+        sql = f"SELECT {_INCIDENT_COLS} FROM incidents WHERE 1"
         args: tuple[Any, ...] = ()
         if states is not None:
             wanted = tuple(states)
-            sql += f" WHERE state IN ({','.join('?' * len(wanted))})"
-            args = wanted
+            sql += f" AND state IN ({','.join('?' * len(wanted))})"
+            args += wanted
+        if job is not None:
+            sql += " AND job = ?"
+            args += (job,)
+        if decide is not None:
+            sql += " AND decide = ?"
+            args += (int(decide),)
         sql += " ORDER BY created, CAST(SUBSTR(id, INSTR(id, '-') + 1) AS INTEGER)"
         return [_incident(row) for row in self.db.execute(sql, args)]
 

@@ -409,3 +409,17 @@ def test_rejects_per_item_and_keeps_the_valid_ones(tmp_path):
             status = await (await h.client.get("/v1/status")).json()
             assert status["records"] == 2 and status["auth"] == "none"
     run(scenario)
+
+
+def test_job_end_forgets_history_only_when_its_incidents_are_closed(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\n", cluster(), Clock()) as h:
+            await h.windows(range(0, 4), HEALTHY, job="200")
+            await hot_gpu_confirmed(h, range(8, 11), evidence=False)
+            end = [{"type": "node", "v": 1, "event": "job_end", "job": job, "node": "n0", "time": 0.0}
+                   for job in ("100", "200")]
+            assert (await (await h.client.post("/v1/reports", data=json.dumps(end))).json())["accepted"] == 2
+            rows = dict(h.daemon.store.db.execute("SELECT job, COUNT(*) FROM records GROUP BY job").fetchall())
+            assert "200" not in rows  # ended, nothing open: forgotten
+            assert rows["100"] > 0  # its incident is still open: kept for restart
+    run(scenario)

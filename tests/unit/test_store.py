@@ -53,3 +53,13 @@ def test_incident_round_trip_and_action_intent(tmp_path):
     assert store.drained_nodes() == {"n2"}
     store.update_action(aid, "rolled_back", "undrain queued")
     assert store.drained_nodes() == set()
+
+
+def test_incident_queries_filter_in_sql(tmp_path):
+    store = Store(tmp_path / "a.db")
+    for n, (job, state, decide) in enumerate([("7", "confirmed", True), ("7", "escalated", False),
+                                              ("8", "confirmed", False)]):
+        store.save_incident(StoredIncident(f"INC-{n}", job, "0", state, "s", None, 0, None, None, decide,
+                                           {}, float(n), float(n)))
+    assert [i.id for i in store.incidents(states=["confirmed"], decide=True)] == ["INC-0"]
+    assert [i.id for i in store.incidents(job="7")] == ["INC-0", "INC-1"]
