@@ -79,15 +79,17 @@ def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
     if not text:
         return []
     if text.startswith("["):
+        # One JSON array — unless it does not parse as one and has several lines:
+        # then it is JSON Lines whose first line happens to be an array (an item error).
         try:
             items = json.loads(text)
         except json.JSONDecodeError as err:
-            raise IngestError(f"body is not a JSON array: {err.msg} at line {err.lineno} column {err.colno}") from None
-        if not isinstance(items, list):
-            raise IngestError("body is not a JSON array")
-        if len(items) > MAX_ITEMS_PER_REQUEST:
-            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
-        return [(i, item, None) for i, item in enumerate(items)]
+            if "\n" not in text:
+                raise IngestError(f"body is not a JSON array: {err.msg} at column {err.colno}") from None
+        else:
+            if len(items) > MAX_ITEMS_PER_REQUEST:
+                raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
+            return [(i, item, None) for i, item in enumerate(items)]
     out: list[tuple[int, Any, str | None]] = []
     for i, line in enumerate(text.splitlines()):
         if i >= MAX_ITEMS_PER_REQUEST:

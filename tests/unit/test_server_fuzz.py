@@ -109,3 +109,19 @@ def test_garbage_bodies_get_a_clear_400(tmp_path):
             await client.close()
             daemon.store.close()
     asyncio.run(scenario())
+
+
+def test_json_lines_whose_first_line_is_an_array(tmp_path):
+    """Found by the fuzzer: '[]' as the first JSON line is one bad item, not a bad body."""
+    async def scenario():
+        daemon = Daemon(parse_config_text(f"StateDir={tmp_path}\nAuthType=none\n"), MemorySlurm())
+        client = TestClient(TestServer(make_app(daemon, NoAuth())))
+        await client.start_server()
+        try:
+            payload = "[]\n" + json.dumps(VALID[0])
+            reply = await (await client.post("/v1/reports", data=payload)).json()
+            assert reply["accepted"] == 1 and [r["index"] for r in reply["rejected"]] == [0]
+        finally:
+            await client.close()
+            daemon.store.close()
+    asyncio.run(scenario())
