@@ -248,7 +248,7 @@ async def run_loop(daemon: Daemon, stop: asyncio.Event, tick: float = TICK_S) ->
             pass
 
 
-def reload_config(daemon: Daemon, path: str | None) -> bool:
+def reload_config(daemon: Daemon, path: str | None, auth: MungeAuth | NoAuth | None = None) -> bool:
     try:
         config = load_config(path)
     except ConfigError as err:
@@ -256,13 +256,19 @@ def reload_config(daemon: Daemon, path: str | None) -> bool:
                   line=err.line, key=err.key)
         return False
     daemon.reload(config)
+    if isinstance(auth, MungeAuth):
+        # Who is admin or root-side may change at reload; the auth mode and socket need a restart.
+        fresh = make_auth(config)
+        if isinstance(fresh, MungeAuth):
+            auth.root_uids, auth.admin_uids = fresh.root_uids, fresh.admin_uids
     return True
 
 
 async def serve(config_path: str | None) -> int:
     config = load_config(config_path)
     daemon = Daemon(config, make_backend(config.daemon.slurm_backend, config.daemon.slurm_timeout))
-    app = make_app(daemon, make_auth(config))
+    auth = make_auth(config)
+    app = make_app(daemon, auth)
     host, _, port = config.daemon.listen.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -270,7 +276,7 @@ async def serve(config_path: str | None) -> int:
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, reload_config, daemon, config_path)
+    loop.add_signal_handler(signal.SIGHUP, reload_config, daemon, config_path, auth)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("artemisd listening", listen=config.daemon.listen, state_dir=config.daemon.state_dir,

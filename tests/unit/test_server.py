@@ -423,3 +423,23 @@ def test_job_end_forgets_history_only_when_its_incidents_are_closed(tmp_path):
             assert "200" not in rows  # ended, nothing open: forgotten
             assert rows["100"] > 0  # its incident is still open: kept for restart
     run(scenario)
+
+
+def test_reload_updates_policy_and_admins_and_keeps_old_config_on_error(tmp_path):
+    from artemisd.config import load_config
+    from artemisd.server import make_auth, reload_config
+
+    conf = tmp_path / "artemis.conf"
+    conf.write_text(f"StateDir={tmp_path}\nAdminUids=1001\nPartitionPolicy=gpu Auto=escalate\n")
+    config = load_config(conf)
+    daemon = Daemon(config, cluster())
+    auth = make_auth(config)
+    try:
+        conf.write_text(f"StateDir={tmp_path}\nAdminUids=1002\nPartitionPolicy=gpu Auto=drain,escalate\n")
+        assert reload_config(daemon, str(conf), auth)
+        assert auth.admin_uids == {1002} and daemon.config.policy_for("gpu").auto == ("drain", "escalate")
+        conf.write_text(f"StateDir={tmp_path}\nAdminUids=nobody\n")
+        assert not reload_config(daemon, str(conf), auth)
+        assert auth.admin_uids == {1002} and daemon.config.policy_for("gpu").auto == ("drain", "escalate")
+    finally:
+        daemon.store.close()
