@@ -52,6 +52,7 @@ REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": Fal
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 PARTITION_CACHE_S = 60.0
 MAX_ITEMS_PER_REQUEST = 100_000
+VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
 RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
 RESTART_GAP = 4  # a window this far below the highest seen starts a new run
 
@@ -800,7 +801,13 @@ class Daemon:
         verdict = verify.verify(stored.baseline, after[1:], self.config.daemon.verify_windows,
                                 self.config.daemon.recovery_fraction)
         if not verdict.done:
-            return
+            last_seen = self.store.job_last_seen(inc.job)
+            if last_seen is None or now - last_seen < VERIFY_SILENCE_S:
+                return
+            # The job stopped reporting (ended, or never came back from a requeue): say so.
+            verdict = verify.Verification(True, None, stored.baseline, None,
+                                          f"no windows from job {inc.job} for {now - last_seen:.0f} s after the "
+                                          f"action: recovery cannot be measured")
         inc.result = Result(throughput_before=verdict.before, throughput_after=round(verdict.after, 3)
                             if verdict.after is not None else None, recovered=verdict.recovered)
         if verdict.recovered:
@@ -810,9 +817,10 @@ class Daemon:
             inc.advance(S.UNRESOLVED)
             stored.decide = True
             self._audit(inc.id, "verify", "unresolved", verdict.note, now=now)
-            self._roll_back(inc, now)
-            if inc.action is not None and inc.action.reversible:
-                inc.action.status = "rolled_back"
+            if verdict.recovered is False:  # measured and not better: undo; unmeasurable: keep
+                self._roll_back(inc, now)
+                if inc.action is not None and inc.action.reversible:
+                    inc.action.status = "rolled_back"
         self._save(stored, inc)
 
     def _roll_back(self, inc: Incident, now: float) -> None:

@@ -176,11 +176,20 @@ class Store:
 
     # --- records ----------------------------------------------------------
 
-    def add_records(self, rows: Iterable[tuple[str | None, int | None, str | None, float, int | None, bool, str]]) -> None:
-        """rows: (job, window seq, node, received, uid, root, body JSON)."""
+    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]) -> None:
+        """rows: (job, window seq, node, received, uid, root, body JSON); jobs' last_seen in the same transaction."""
+        seen: dict[str, tuple[float, int | None]] = {}
+        for job, window, _, received, *_ in rows:
+            if job is not None:
+                top = seen.get(job, (received, None))[1]
+                seen[job] = (received, window if top is None or (window is not None and window > top) else top)
         with self._tx() as db:
             db.executemany("INSERT INTO records(job, window, node, received, uid, root, body) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
+                           "last_window = COALESCE(excluded.last_window, last_window)",
+                           [(job, t, t, w) for job, (t, w) in seen.items()])
 
     def prune_records(self, job: str, keep_windows: int) -> int:
         """Keep the last ``keep_windows`` windows of ``job`` (its node events with them)."""
@@ -207,18 +216,15 @@ class Store:
 
     # --- jobs and throughput ------------------------------------------------
 
-    def touch_job(self, job: str, now: float, window: int | None) -> None:
-        with self._tx() as db:
-            db.execute("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
-                       "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-                       "last_window = MAX(COALESCE(last_window, -1), COALESCE(excluded.last_window, -1))",
-                       (job, now, now, window))
-
     def set_job_owner(self, job: str, user_id: int, partition: str) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO jobs(job, user_id, partition) VALUES (?, ?, ?) "
                        "ON CONFLICT(job) DO UPDATE SET user_id = excluded.user_id, partition = excluded.partition",
                        (job, user_id, partition))
+
+    def job_last_seen(self, job: str) -> float | None:
+        row = self.db.execute("SELECT last_seen FROM jobs WHERE job = ?", (job,)).fetchone()
+        return row[0] if row else None
 
     def job_partition(self, job: str) -> str | None:
         row = self.db.execute("SELECT partition FROM jobs WHERE job = ?", (job,)).fetchone()

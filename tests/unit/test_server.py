@@ -443,3 +443,20 @@ def test_reload_updates_policy_and_admins_and_keeps_old_config_on_error(tmp_path
         assert auth.admin_uids == {1002} and daemon.config.policy_for("gpu").auto == ("drain", "escalate")
     finally:
         daemon.store.close()
+
+
+def test_a_job_that_goes_silent_while_verifying_is_unresolved_and_escalated(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            [inc] = await h.incidents()
+            assert inc["state"] == "verifying"
+            h.clock.now += 3 * 3600  # the requeued job never reports again
+            await h.daemon.run_once()
+            await h.daemon.run_once()
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and inc["result"]["recovered"] is None
+            assert any("cannot be measured" in a["why"] for a in (await h.show(inc["id"]))["audit"])
+            assert h.slurm.nodes["n1"].drained  # not rolled back: nothing shows the drain was wrong
+    run(scenario)
