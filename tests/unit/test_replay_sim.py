@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from artemisd.replay import replay_records
 from artemisd.sim import AMD_MI300X, NVIDIA_H100, FaultSpec, Fleet, FleetSpec, JobSpec, NoiseSpec
@@ -77,3 +79,20 @@ def test_replay_handles_a_1024_rank_40_window_trace():
     s, incidents = _replay(FleetSpec(seed=25, jobs=(job,)))
     assert s.recall == 1.0 and s.cause_accuracy == 1.0
     assert s.outcomes[0].first["node"] == "n00097"  # rank 777's node (8 ranks per node)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cause=st.sampled_from(["gpu.thermal", "gpu.power", "gpu.clocks", "input.loader"]),
+       rank=st.integers(0, 23), magnitude=st.floats(0.1, 0.4), onset=st.integers(6, 12),
+       seed=st.integers(0, 2**16))
+def test_waiting_ranks_are_never_blamed(cause, rank, magnitude, onset, seed):
+    # One slow rank makes the other 23 wait longer every step; no incident may
+    # name any of them, whatever the cause, size, onset or noise draw.
+    job = JobSpec(job="90", islands=(NVIDIA_H100.model_copy(update={"ranks": 24}),), windows=18,
+                  ranks_per_node=4, noise=NoiseSpec(gc_rate=0, spike_rate=0, comm_spike_rate=0),
+                  faults=(FaultSpec(cause=cause, rank=rank, onset=onset, magnitude=magnitude),))
+    s, incidents = _replay(FleetSpec(seed=seed, jobs=(job,)))
+    node = f"n{rank // 4:05d}"
+    for inc in incidents:
+        assert inc.rank in (None, rank) and inc.node in (None, node), (inc.kind.value, inc.rank, inc.node)
+    assert s.recall == 1.0
