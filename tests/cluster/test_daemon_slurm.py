@@ -19,6 +19,7 @@ from artemisd.act import Actuator
 from artemisd.auth import TRUSTED_LOCAL
 from artemisd.config import parse_config_text
 from artemisd.service import Daemon
+from artemisd.slurm.api import SlurmError
 from artemisd.slurm.cli import CliSlurm
 from artemisd.wire import parse_record
 from tests.unit.windows import lockstep
@@ -38,7 +39,7 @@ def backend(cluster: SlurmCluster) -> CliSlurm:
 def submit(cluster: SlurmCluster, *args: str) -> str:
     out = cluster.dir / "jobs" / "sleep-%j.out"
     job = cluster.sbatch(SLEEPER, "-o", str(out), *args)
-    cluster.wait_job(job, ("RUNNING",), timeout_s=60)
+    cluster.wait_job(job, ("RUNNING",), timeout_s=120)
     return job
 
 
@@ -77,17 +78,28 @@ def test_requeue_excluding_the_node(clean_cluster: SlurmCluster):
     slurm = backend(clean_cluster)
     job = submit(clean_cluster, "-N", "1", "--requeue", "--exclude=n4")
     [node] = job_nodes(clean_cluster, job)
-    out = Actuator(slurm).requeue_excluding(job, node)
+    out = requeue_retrying(Actuator(slurm), job, node)
     assert out.status == "done", out.detail
     info = slurm.job(job)
     assert set(info.excluded_nodes) == {"n4", node}  # merged, not replaced
     assert not info.held
     assert clean_cluster.job(job)["Restarts"] == "1"
     # Released and started again at once (no ~20 min BeginTime), somewhere else.
-    clean_cluster.wait_job(job, ("RUNNING",), timeout_s=60)
+    clean_cluster.wait_job(job, ("RUNNING",), timeout_s=120)
     assert node not in job_nodes(clean_cluster, job)
     assert Actuator(slurm).requeue_excluding(job, node).status in ("done",)  # no second requeue
     assert clean_cluster.job(job)["Restarts"] in ("1", "2")
+
+
+def requeue_retrying(act: Actuator, job: str, node: str, attempts: int = 6):
+    """As the daemon does: a job still COMPLETING after requeuehold is a transient error, retried."""
+    for attempt in range(attempts):
+        try:
+            return act.requeue_excluding(job, node)
+        except SlurmError as err:
+            if not err.transient or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def test_not_requeueable_job_is_refused(clean_cluster: SlurmCluster):
