@@ -291,7 +291,14 @@ async def serve(config_path: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="artemisd", description="Artemis per-cluster daemon.")
+    parser = argparse.ArgumentParser(
+        prog="artemisd",
+        description="Artemis per-cluster daemon: ingests the probes' window reports, finds and confirms "
+        "stragglers, acts through Slurm within the policy of artemis.conf, and verifies the result.",
+        epilog="Signals: SIGHUP re-reads the config (a bad file keeps the running one; the error is logged "
+        "with file:line); SIGTERM/SIGINT stop cleanly.  Logs: JSON lines on stderr.  Reference: "
+        "artemis.conf(5) (docs/artemis.conf.5.md); the `artemis` command reads the daemon's state.",
+    )
     parser.add_argument("--config", "-c", default="/etc/artemis/artemis.conf", help="artemis.conf path")
     parser.add_argument("--version", action="version", version=f"artemisd {__version__}")
     args = parser.parse_args(argv)
