@@ -17,6 +17,26 @@ background writes are included.
 
 This is a measurement, not a test: run it on a quiet machine for a number
 you can quote.  Rank 0 prints one JSON line and a summary.
+
+    .venv/bin/python benchmarks/overhead.py --micro [--pairs 40] [--block 400]
+
+measures the probe's *absolute* cost per step instead: one rank, a tiny DDP
+model (steps of a fraction of a millisecond, so the probe's few tens of
+microseconds are not lost in the noise of a shared machine), windows of 50
+steps; the result is the median over ABBA pairs of the per-step difference
+in microseconds, and what it is as a share of a 20 ms step; it also times
+DDP with the default all-reduce registered as a Python comm hook and no
+probe, to show how much of the cost is that path (any comm-hook timing pays
+it) and how much is the probe's own work.  On a loaded machine both modes
+above are noisy; ``--components`` times the pieces directly, in one process,
+without ranks:
+
+    .venv/bin/python benchmarks/overhead.py --components
+
+* the step-boundary bookkeeping (``Probe.boundary``), per step;
+* ``optimizer.step()`` with and without the probe's global post-hook;
+* one window's report: building, submitting, telemetry, JSON, the write --
+  paid once per window (W steps), mostly on the sender thread.
 """
 
 from __future__ import annotations
@@ -41,6 +61,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     import torch_hook
 
     torch.set_num_threads(1)
@@ -53,11 +75,18 @@ def _rank_main(args: argparse.Namespace) -> None:
         return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w),
                                    torch.nn.ReLU(), torch.nn.Linear(w, 1))
 
+    if args.micro:
+        args.width, args.batch = 16, 4  # the step is almost nothing but the probe's hooks
     plain = DDP(model())
+    # DDP with the default all-reduce as a *Python* comm hook, no probe: the
+    # micro mode splits the probe's cost into this path (which any comm-hook
+    # timing pays) and the probe's own work.
+    pyhook = DDP(model())
+    pyhook.register_comm_hook(None, default_hooks.allreduce_hook)
     torch_hook.install()
     probed = DDP(model())  # built under the probe: gets the timed comm hook at its first forward
     torch_hook.uninstall()
-    opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, probed)}
+    opts = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, pyhook, probed)}
     x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, 1)
 
     def block(m: torch.nn.Module) -> float:
@@ -75,8 +104,10 @@ def _rank_main(args: argparse.Namespace) -> None:
     torch_hook.install()
     block(probed)
     torch_hook.uninstall()
-    ratios, on_ms, off_ms = [], [], []
+    ratios, on_ms, off_ms, hook_ms = [], [], [], []
     for pair in range(args.pairs):
+        if args.micro:
+            hook_ms.append(block(pyhook))
         order = ("on", "off") if pair % 2 == 0 else ("off", "on")
         got = {}
         for mode in order:
@@ -90,7 +121,21 @@ def _rank_main(args: argparse.Namespace) -> None:
         on_ms.append(got["on"])
         off_ms.append(got["off"])
         ratios.append(got["on"] / got["off"])
-    if rank == 0:
+    if rank == 0 and args.micro:
+        cost_us = statistics.median((a - b) * 1e3 for a, b in zip(on_ms, off_ms))
+        own_us = statistics.median((a - b) * 1e3 for a, b in zip(on_ms, hook_ms))
+        result = {"mode": "micro", "pairs": args.pairs, "block_steps": args.block, "window_steps": args.window,
+                  "step_us_without": round(statistics.median(off_ms) * 1e3, 2),
+                  "step_us_python_hook_no_probe": round(statistics.median(hook_ms) * 1e3, 2),
+                  "step_us_with": round(statistics.median(on_ms) * 1e3, 2),
+                  "probe_cost_us_per_step": round(cost_us, 2),
+                  "probe_cost_beyond_python_hook_us": round(own_us, 2),
+                  "share_of_20ms_step_pct": round(cost_us / 20_000 * 100, 4),
+                  "probe_errors": stats.get("errors"), "windows_last_block": stats.get("windows")}
+        print(json.dumps(result))
+        print(f"probe cost {cost_us:.1f} us per step = {result['share_of_20ms_step_pct']:.3f} % of a 20 ms step "
+              f"({own_us:.1f} us beyond DDP's Python comm-hook path)", file=sys.stderr)
+    elif rank == 0:
         overhead = (statistics.median(ratios) - 1) * 100
         result = {"ranks": dist.get_world_size(), "pairs": args.pairs, "block_steps": args.block,
                   "window_steps": args.window,
@@ -106,6 +151,56 @@ def _rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _components(args: argparse.Namespace) -> None:
+    import torch
+
+    import torch_hook
+
+    def per_call_us(fn, n: int) -> float:
+        best = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best.append((time.perf_counter() - t0) / n * 1e6)
+        return min(best)  # the least disturbed run: a cost, not a noise sample
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.update({"ARTEMIS_ENDPOINT": f"file:{tmp}/t.jsonl", "ARTEMIS_WINDOW_STEPS": str(args.window)})
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        bare_step = per_call_us(opt.step, 5000)
+        torch_hook.install()
+        probe = torch_hook._probe
+        hooked_step = per_call_us(opt.step, 5000)
+        boundary = per_call_us(probe.boundary, 20000)
+        recorder = probe.recorder
+        for _ in range(args.window):
+            recorder.comm("all_reduce", "world", 1e6, 1, 1.0, 2.0)
+            window = recorder.end_step()
+        while window is None:
+            window = recorder.end_step()
+
+        def reports(n: int = 32) -> None:
+            # Batches below the queue bound, then wait for the sender: the
+            # wall time is the CPU both threads spend per report.
+            for _ in range(n):
+                probe._submit(window)
+            probe.sender.flush(10.0)
+
+        report = per_call_us(reports, 10) / 32
+        torch_hook.uninstall()
+    per_step = boundary + (hooked_step - bare_step)
+    result = {"mode": "components", "window_steps": args.window,
+              "boundary_us_per_step": round(boundary, 2),
+              "optimizer_step_us_without": round(bare_step, 2), "optimizer_step_us_with": round(hooked_step, 2),
+              "report_us_per_window": round(report, 1),
+              "share_of_20ms_step_pct": round((per_step + report / args.window) / 20_000 * 100, 4)}
+    print(json.dumps(result))
+    print(f"per step {per_step:.1f} us, per window {report:.0f} us: "
+          f"{result['share_of_20ms_step_pct']:.3f} % of 20 ms steps with W={args.window} "
+          f"(DDP's Python comm-hook path not included: see --micro)", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -114,8 +209,19 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=50, help="ARTEMIS_WINDOW_STEPS")
     parser.add_argument("--width", type=int, default=768, help="MLP width (sets the step time)")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--micro", action="store_true", help="absolute per-step cost on a tiny one-rank step")
+    parser.add_argument("--components", action="store_true", help="time the probe's pieces directly, no ranks")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.components:
+        _components(args)
+        return
+    if args.micro:
+        args.ranks = 1
+        if "--block" not in sys.argv:
+            args.block = 400
+        if "--pairs" not in sys.argv:
+            args.pairs = 40
     if args.block < 2 * args.window:
         parser.error(f"--block {args.block} must cover two windows (--window {args.window})")
     if args.rank_main:
@@ -132,7 +238,8 @@ def main() -> None:
                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "ARTEMIS_JOB_ID": "bench",
                    "ARTEMIS_ENDPOINT": f"file:{tmp}/trace.jsonl", "ARTEMIS_WINDOW_STEPS": str(args.window),
                    "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", *sys.argv[1:]], env=env))
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", "--block", str(args.block),
+                                           "--pairs", str(args.pairs), *sys.argv[1:]], env=env))
         codes = [p.wait(timeout=1800) for p in procs]
     if any(codes):
         raise SystemExit(f"a rank failed: exit codes {codes}")

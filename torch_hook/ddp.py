@@ -53,6 +53,11 @@ class DdpTracker:
         if not marks:
             return
         last_launch = marks[-1][0]
+        if isinstance(last_launch, float):  # CPU: every mark is a perf_counter value
+            wait = max(0.0, max(done for _, done in marks) - last_launch)
+            flight = sum(done - launch for launch, done in marks)
+            recorder.comm(op, group, nbytes, len(buckets), wait * 1e3, flight * 1e3)
+            return
 
         def resolve() -> tuple[float, float] | None:
             tails, flights = [], []
@@ -64,8 +69,4 @@ class DdpTracker:
                 flights.append(flight)
             return max(0.0, max(tails)), sum(flights)
 
-        resolved = resolve() if isinstance(last_launch, float) else None
-        if resolved is not None:
-            recorder.comm(op, group, nbytes, len(buckets), resolved[0], resolved[1])
-        else:
-            recorder.comm_pending(op, group, nbytes, len(buckets), resolve)
+        recorder.comm_pending(op, group, nbytes, len(buckets), resolve)

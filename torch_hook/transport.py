@@ -70,8 +70,9 @@ class Sender:
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until everything submitted was handled."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._queue.empty() and self._idle.wait(0.05):
+        while (left := deadline - time.monotonic()) > 0:
+            # Always block in wait(): it releases the GIL the sender needs.
+            if self._idle.wait(min(0.05, left)) and self._queue.empty():
                 return True
         return False
 

@@ -30,7 +30,9 @@ def run_job(spec: dict, *, world: int = 4, env: dict[str, str] | None = None, ti
         rank_env = {k: v for k, v in os.environ.items() if not k.startswith(("ARTEMIS_", "SLURM"))}
         rank_env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                         "PYTHONPATH": str(ROOT), "ARTEMIS_JOB_ID": "4242", "ARTEMIS_TELEMETRY": "none"})
+                         "PYTHONPATH": str(ROOT), "ARTEMIS_JOB_ID": "4242", "ARTEMIS_TELEMETRY": "none",
+                         # one rank per emulated node, as on a cluster with one GPU per node
+                         "ARTEMIS_NODE": f"n{rank}"})
         rank_env.update(env or {})
         log = open(out / f"rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, str(JOB), json.dumps(spec)], env=rank_env,
