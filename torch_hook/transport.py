@@ -47,8 +47,10 @@ class Sender:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._idle = threading.Event()
         self._idle.set()
-        # Counters (read by tests and put in reports); written by one thread each.
-        self.dropped = 0
+        # Counters (read by tests and put in reports); each written by one thread
+        # only, so no increment is ever lost.
+        self._dropped_full = 0  # training thread: queue full
+        self._dropped_send = 0  # sender thread: daemon down, slow or refusing
         self.sent = 0
         self.unauthenticated = 0
         self.bad_replies = 0
@@ -57,6 +59,11 @@ class Sender:
         self._thread = threading.Thread(target=self._run, name="artemis-sender", daemon=True)
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """Reports lost so far (cumulative): queue full plus failed sends."""
+        return self._dropped_full + self._dropped_send
+
     # -- training thread -----------------------------------------------------
     def submit(self, report: dict[str, Any]) -> bool:
         try:
@@ -64,7 +71,7 @@ class Sender:
             self._idle.clear()
             return True
         except queue.Full:
-            self.dropped += 1
+            self._dropped_full += 1
             return False
 
     def flush(self, timeout_s: float) -> bool:
@@ -125,7 +132,7 @@ class Sender:
                 self._post(batch, signer)
             self.sent += len(batch)
         except Exception as err:  # noqa: BLE001 -- daemon down, slow, disk full: drop and count
-            self.dropped += len(batch)
+            self._dropped_send += len(batch)
             self.last_error = f"{type(err).__name__}: {err}"
 
     def _append(self, batch: list[dict[str, Any]]) -> None:
