@@ -460,3 +460,40 @@ def test_a_job_that_goes_silent_while_verifying_is_unresolved_and_escalated(tmp_
             assert any("cannot be measured" in a["why"] for a in (await h.show(inc["id"]))["audit"])
             assert h.slurm.nodes["n1"].drained  # not rolled back: nothing shows the drain was wrong
     run(scenario)
+
+
+def test_deny_moves_to_the_next_rung(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h)
+            [inc] = await h.incidents()
+            assert inc["action"]["status"] == "pending_approval"
+            assert (await h.client.post(f"/v1/incidents/{inc['id']}/deny", data=b"")).status == 200
+            await h.daemon.run_once()
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate"
+            assert not h.slurm.nodes["n1"].drained
+            whats = [a["what"] for a in (await h.show(inc["id"]))["audit"]]
+            assert "denied drain n1" in whats
+    run(scenario)
+
+
+def test_failed_correction_falls_back_to_the_next_rung(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=correct,drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "sm_clock_mhz": 1300, "max_sm_clock_mhz": 1980,
+                                            "throttle": ["applications_clocks"]}])
+            await h.windows(range(8, 11), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
+            resp = await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}",
+                                       json={"status": "failed", "detail": "clocks locked by firmware"})
+            assert resp.status == 200
+            await h.daemon.run_once()
+            await h.daemon.run_once()
+            [inc] = await h.incidents()
+            assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying"
+            assert h.slurm.nodes["n1"].drained and h.slurm.jobs["100"].excluded_nodes == ("n1",)
+    run(scenario)
