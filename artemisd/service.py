@@ -373,8 +373,9 @@ class Daemon:
             if update.state is S.DISMISSED:
                 return  # never published as suspect (e.g. absorbed before we saw it)
             # An ongoing incident whose history was pruned before a restart: same subject, not final.
-            for inc in self.store.incidents():
-                if inc.subject == subject_of(update) and inc.state not in FINAL and inc.id not in self._bound.values():
+            bound = set(self._bound.values())
+            for inc in self.store.incidents(job=update.job):
+                if inc.subject == subject_of(update) and inc.state not in FINAL and inc.id not in bound:
                     stored = inc
                     break
         if stored is None:
@@ -452,8 +453,10 @@ class Daemon:
             await self._run_action(row)
         for stored in self.store.incidents(states=[S.VERIFYING]):
             self._verify(stored, now)
+        analyzer_ids = {daemon_id: analyzer_id for analyzer_id, daemon_id in self._bound.items()}
         for stored in self.store.incidents(states=[S.CONFIRMED, S.ESCALATED, S.UNRESOLVED]):
-            self._close_if_recovered(stored, now)
+            if stored.id in analyzer_ids and not self.analyzer.subject_active(analyzer_ids[stored.id]):
+                self._close_recovered(stored, now)
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -839,12 +842,8 @@ class Daemon:
                 self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now)
                 self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", "no recovery", now=now)
 
-    def _close_if_recovered(self, stored: StoredIncident, now: float) -> None:
-        if stored.analyzer_id is None or stored.state in FINAL:
-            return
-        analyzer_id = next((a for a, d in self._bound.items() if d == stored.id), None)
-        if analyzer_id is None or self.analyzer.subject_active(analyzer_id):
-            return
+    def _close_recovered(self, stored: StoredIncident, now: float) -> None:
+        """The analyzer saw the subject healthy again: close it, unless an action is still in flight."""
         if any(r.status in ("queued", "running") and r.kind != "escalate" for r in self.store.actions_of(stored.id)):
             return
         inc = Incident.model_validate(stored.body)
