@@ -41,6 +41,7 @@ from artemisd.config import Config
 from artemisd.incident import Action, Incident, IncidentState, Result
 from artemisd.metrics import Metrics
 from artemisd.pipeline import Analyzer
+from artemisd.remedy import propose
 from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, Store, StoredIncident
 from artemisd.wire import NodeEvent, Record, ReportError, WindowReport, parse_record
@@ -484,7 +485,8 @@ class Daemon:
         stored = fresh
         inc = Incident.model_validate(stored.body)
         pol = self.config.policy_for(partition)
-        rungs = policy.ladder(inc.action.kind if inc.action else None)
+        # The ladder starts at the analysis' remedy for this cause (not at whatever ran last).
+        rungs = policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job).kind)
         recommended: list[str] = []
         d = self.config.daemon
         while stored.plan_step < len(rungs):
@@ -527,9 +529,12 @@ class Daemon:
                 self._queue_escalate(stored, inc, f"{kind} {target} awaits approval "
                                      f"(artemis approve {inc.id})", recommended, now)
             return
-        # Ladder exhausted without an escalate rung (cannot happen with LADDERS); stay visible.
-        stored.decide = False
-        self._save(stored, inc)
+        # Every rung used (the escalation included): a person has it; never leave it silent.
+        if inc.state is S.ESCALATED:
+            stored.decide = False
+            self._save(stored, inc)
+        else:
+            self._start_escalation(stored, inc, recommended, now)
 
     def _target(self, inc: Incident, kind: str) -> str | None:
         if kind in ("drain", "correct"):

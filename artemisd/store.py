@@ -263,7 +263,7 @@ class Store:
             db.execute(
                 "INSERT INTO incidents(id, job, step, state, subject, analyzer_id, plan_step, action_window, "
                 "baseline, decide, body, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET state = excluded.state, subject = excluded.subject, "
+                "ON CONFLICT(id) DO UPDATE SET step = excluded.step, state = excluded.state, subject = excluded.subject, "
                 "analyzer_id = excluded.analyzer_id, plan_step = excluded.plan_step, "
                 "action_window = excluded.action_window, baseline = excluded.baseline, "
                 "decide = excluded.decide, body = excluded.body, updated = excluded.updated",

@@ -497,3 +497,25 @@ def test_failed_correction_falls_back_to_the_next_rung(tmp_path):
             assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying"
             assert h.slurm.nodes["n1"].drained and h.slurm.jobs["100"].excluded_nodes == ("n1",)
     run(scenario)
+
+
+def test_each_rung_is_tried_once_then_a_person_is_told(tmp_path):
+    """correct is not allowed, drain+requeue runs and does not help: rolled back, then escalated."""
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate Approve= MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.node_event("n1", gpus=[{"index": 0, "sm_clock_mhz": 1300, "max_sm_clock_mhz": 1980}])
+            await h.windows(range(8, 11), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [inc] = await h.incidents()
+            assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying"
+            # The job restarts elsewhere and is still slow: the node was not the cause.
+            await h.windows(range(0, 5), SLOW_BUSY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            inc, *later = await h.incidents()  # the new run's straggler on n4 is an incident of its own
+            assert all(i["node"] != "n1" for i in later)
+            assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate", inc
+            assert inc["result"]["recovered"] is False
+            assert not h.slurm.nodes["n1"].drained  # our drain, rolled back
+            kinds = [a["kind"] for a in (await h.show(inc["id"]))["actions"]]
+            assert kinds.count("drain") == 1 and kinds.count("requeue") == 1 and "undrain" in kinds
+    run(scenario)
