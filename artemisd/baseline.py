@@ -14,37 +14,82 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-class RankHistory:
-    """Per-rank ratio to the island median over the last ``depth`` healthy windows.
+@dataclass(frozen=True)
+class RankBaseline:
+    """What is normal for each rank, from its healthy windows (arrays indexed by rank).
 
-    Stored as a ring buffer of shape (depth, world) so a 100k-rank window is one
-    row write; medians are computed on demand for the few ranks that need them.
-    A persistently 2-3 % slower but healthy GPU shows here as a ratio of ~1.03,
-    which the detector discounts instead of flagging it forever.
+    ``usual_ratio``  median of busy / island median: ~1.03 for a GPU that has
+                     always been 3 % slower than its peers.
+    ``busy``         median busy time, ms per step.
+    ``spread``       the rank's own window-to-window variability of busy, as a
+                     relative robust sigma (1.4826 x MAD / median).
+    NaN where fewer than ``min_windows`` healthy windows are known.
     """
 
-    def __init__(self, world: int, depth: int):
+    usual_ratio: np.ndarray
+    busy: np.ndarray
+    spread: np.ndarray
+
+
+class RankHistory:
+    """Per-rank busy time and ratio to the island median over the last ``depth`` healthy windows.
+
+    Ring buffers of shape (depth, world), so a 100k-rank window is one row
+    write.  The medians behind ``baseline()`` cost a pass over the whole
+    buffer; once the buffer is full they move slowly, so they are then
+    recomputed only every ``refresh`` recorded windows.
+    """
+
+    def __init__(self, world: int, depth: int, min_windows: int = 3, refresh: int = 4):
         self.depth = depth
+        self.min_windows = min_windows
+        self.refresh = refresh
         self._ratios = np.full((depth, world), np.nan, dtype=np.float32)
+        self._busy = np.full((depth, world), np.nan, dtype=np.float32)
         self._next = 0
         self.windows = 0
+        self._cached: RankBaseline | None = None
+        self._cached_at = -1
 
-    def record(self, ranks: np.ndarray, ratios: np.ndarray, healthy: np.ndarray) -> None:
-        row = self._ratios[self._next]
-        row[:] = np.nan
-        row[ranks[healthy]] = ratios[healthy]
+    def record(self, ranks: np.ndarray, busy: np.ndarray, ratios: np.ndarray, healthy: np.ndarray,
+               job_clean: bool = True) -> None:
+        """Remember the healthy ranks of one window.
+
+        Ratios to the island median are immune to what slows the whole job, so
+        they are kept even while a job-wide incident is open; absolute busy
+        times are not, and are kept only from windows where the job was clean.
+        """
+        for buffer, values, keep in ((self._ratios, ratios, True), (self._busy, busy, job_clean)):
+            row = buffer[self._next]
+            row[:] = np.nan
+            if keep:
+                row[ranks[healthy]] = values[healthy]
         self._next = (self._next + 1) % self.depth
         self.windows += 1
 
-    def usual_ratio(self, ranks: np.ndarray, min_windows: int = 3) -> np.ndarray:
-        """Median healthy ratio of each rank; NaN where fewer than ``min_windows`` are known."""
-        cols = self._ratios[:, ranks]
-        known = np.sum(~np.isnan(cols), axis=0)
-        out = np.full(len(ranks), np.nan)
-        enough = known >= min_windows
+    def baseline(self) -> RankBaseline | None:
+        if self.windows < self.min_windows:
+            return None
+        # A young history changes with every window; an old one slowly.
+        every = 1 if self.windows <= self.depth else self.refresh
+        if self._cached is None or self.windows - self._cached_at >= every:
+            self._cached = self._compute()
+            self._cached_at = self.windows
+        return self._cached
+
+    def _compute(self) -> RankBaseline:
+        world = self._busy.shape[1]
+        usual, busy, spread = (np.full(world, np.nan) for _ in range(3))
+        enough = np.sum(~np.isnan(self._ratios), axis=0) >= self.min_windows
         if np.any(enough):
-            out[enough] = np.nanmedian(cols[:, enough], axis=0)
-        return out
+            usual[enough] = np.nanmedian(self._ratios[:, enough], axis=0)
+        enough = np.sum(~np.isnan(self._busy), axis=0) >= self.min_windows
+        if np.any(enough):
+            values = self._busy[:, enough]
+            median = np.nanmedian(values, axis=0)
+            busy[enough] = median
+            spread[enough] = 1.4826 * np.nanmedian(np.abs(values - median), axis=0) / np.maximum(median, 1e-9)
+        return RankBaseline(usual, busy, spread)
 
 
 @dataclass

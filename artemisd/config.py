@@ -133,7 +133,7 @@ class AnalysisSettings(_Section):
     robust_z: float = Field(default=4.0, gt=0.0, le=100.0)
     confirm_windows: int = Field(default=2, ge=1, le=1000)
     history_windows: int = Field(default=20, ge=2, le=100_000)
-    job_slowdown: float = Field(default=0.08, gt=0.0, lt=10.0)
+    job_slowdown: float = Field(default=0.05, gt=0.0, lt=10.0)
     confidence_floor: float = Field(default=0.5, ge=0.0, le=1.0)
     recover_windows: int = Field(default=3, ge=1, le=1000)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from artemisd.baseline import JobHistory, JobSummary
+from artemisd.baseline import JobHistory, JobSummary, RankBaseline
 from artemisd.config import AnalysisSettings
 from artemisd.frame import WindowFrame
 
@@ -76,26 +76,63 @@ def island_statistics(frame: WindowFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def detect_ranks(
-    frame: WindowFrame, settings: AnalysisSettings, usual_ratio: np.ndarray | None = None
+    frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline | None = None
 ) -> RankFlags:
-    """Flag ranks whose busy time stands out from their island peers.
+    """Flag ranks whose busy time stands out from their island peers or from their own past.
 
-    ``usual_ratio`` (per row, NaN = unknown) is the rank's healthy-history ratio;
-    only a usual slowness within MinSlowdown is discounted, so a straggler that
-    was already slow when history began cannot excuse itself.
+    Peer test: see the module docstring.  The ratio is first divided by the
+    rank's usual ratio (``baseline.usual_ratio``); only a usual slowness within
+    MinSlowdown is discounted, so a straggler that was already slow when history
+    began cannot excuse itself.
+
+    History test: busy / the rank's own healthy busy, divided by the island's
+    common drift (estimated from the island's lower quartiles, so up to three
+    quarters of an island may slow down without hiding it), must reach
+    1 + MinSlowdown and RobustZ times the larger of the island's spread of that
+    ratio and the rank's own window-to-window spread.
+    It catches what the peer test cannot: half an island slowing together (one
+    node of a two-node job), where the median itself is slow.
     """
     median, sigma = island_statistics(frame)
     ratio = frame.busy / np.maximum(median, 1e-9)
     judged = ratio
-    if usual_ratio is not None:
-        usual = np.clip(np.nan_to_num(usual_ratio, nan=1.0), 1.0, 1.0 + settings.min_slowdown)
+    if baseline is not None:
+        usual = np.clip(np.nan_to_num(baseline.usual_ratio[frame.rank], nan=1.0), 1.0, 1.0 + settings.min_slowdown)
         judged = ratio / usual
     z = (frame.busy - median) / sigma
     flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
+    if baseline is not None:
+        flagged |= _slower_than_own_past(frame, settings, baseline)
     # An island of one or two ranks has no peers to speak of: nothing to judge.
     counts = np.bincount(frame.island, minlength=len(frame.island_names))
     flagged &= counts[frame.island] >= 3
     return RankFlags(median, sigma, ratio, judged, z, flagged, steady_rows(frame, settings))
+
+
+def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline) -> np.ndarray:
+    own = baseline.busy[frame.rank]
+    known = np.isfinite(own)
+    out = np.zeros(frame.size, dtype=bool)
+    if not known.any():
+        return out
+    self_ratio = np.where(known, frame.busy / np.where(known, own, 1.0), np.nan)
+    drift = np.ones(frame.size)
+    spread = np.full(frame.size, SIGMA_FLOOR)
+    for code in np.unique(frame.island[known]):
+        rows = known & (frame.island == code)
+        # The healthy part of the island is its lower part: estimate its centre
+        # and spread from the 10th and 25th percentiles only, which stay
+        # healthy while up to three quarters of the island slows down.
+        p10, p25 = np.percentile(self_ratio[rows], [10, 25])
+        sigma = max((p25 - p10) / 0.607, SIGMA_FLOOR)
+        drift[rows] = p25 + 0.674 * sigma
+        spread[rows] = sigma
+    own_spread = np.nan_to_num(baseline.spread[frame.rank], nan=SIGMA_FLOOR)
+    spread = np.maximum(spread, own_spread)
+    relative = self_ratio / drift
+    out[known] = (relative[known] >= 1.0 + settings.min_slowdown) & (
+        (relative[known] - 1.0) / spread[known] >= settings.robust_z)
+    return out
 
 
 def steady_rows(frame: WindowFrame, settings: AnalysisSettings) -> np.ndarray:

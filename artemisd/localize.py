@@ -149,7 +149,11 @@ def _gpu_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> 
                 signal="power_limit_w", value=_r(limit, 0), peers=_r(peer_limit, 0),
                 note=f"enforced limit below the default {_r(default, 0)} W")]))
 
-    if np.isfinite(clock) and np.isfinite(peer_clock) and clock < CLOCK_DROP * peer_clock:
+    # Clocks explain the slowdown when they dropped by at least half as much as
+    # busy rose (work scales with 1/clock) — or by 8 % whatever busy did.
+    busy_rise = _median(frame.busy[rows]) / max(_median(frame.busy[peers]), 1e-9) - 1.0
+    clock_floor = max(CLOCK_DROP, 1.0 - 0.5 * busy_rise) if busy_rise > 0 else CLOCK_DROP
+    if np.isfinite(clock) and np.isfinite(peer_clock) and clock < min(clock_floor, 0.98) * peer_clock:
         hot = np.isfinite(temp) and np.isfinite(peer_temp) and temp - peer_temp >= HOT_DELTA_C
         if hot:
             found.append((Cause.GPU_THERMAL, 0.75, [clock_ev, Evidence(

@@ -87,6 +87,7 @@ class _JobState:
     throughput: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=THROUGHPUT_DEPTH))
     env: dict[str, str | None] = field(default_factory=dict)
     late_reports: int = 0
+    topology: int | None = None
     probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
 
 
@@ -225,24 +226,22 @@ class Analyzer:
 
         self._take_probe_results(state, frame, probes, changed)
 
-        flags = detect.detect_ranks(frame, s)
+        flags = detect.detect_ranks(frame, s, state.ranks.baseline())
         rows = flags.rows
-        if rows.size:
-            usual = state.ranks.usual_ratio(frame.rank[rows])
-            judged = flags.ratio[rows] / np.clip(np.nan_to_num(usual, nan=1.0), 1.0, 1.0 + s.min_slowdown)
-            keep = judged >= 1.0 + s.min_slowdown
-            flags.flagged[rows[~keep]] = False
-            rows = rows[keep]
 
         summary = detect.summarize(frame, frame.collectives)
         state.throughput.append((seq, summary.throughput))
 
         subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)
-        if job_flag is not None and rows.size:
-            excess = float(np.max(frame.busy[rows] - flags.island_median[rows]))
-            if job_flag.step_ms - job_flag.baseline_step_ms <= STRAGGLER_SLACK * excess:
-                job_flag = None  # the stragglers explain the job's slowdown
+        if job_flag is not None:
+            # Stragglers — flagged now or already under watch — make every other
+            # rank wait, which looks job-wide; a rise they explain is theirs.
+            excess = [float(np.max(frame.busy[rows] - flags.island_median[rows]))] if rows.size else []
+            excess += [w.incident.excess_ms or 0.0 for w in state.open.values()
+                       if w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT]
+            if excess and job_flag.step_ms - job_flag.baseline_step_ms <= STRAGGLER_SLACK * max(excess):
+                job_flag = None
         change = self._change_check(state, frame, summary) if not rows.size and job_flag is None else None
 
         flagged_keys: set[Hashable] = set()
@@ -279,12 +278,12 @@ class Analyzer:
         # Baselines learn from healthy windows only: no flag, no open subject.
         watched_rows = np.zeros(frame.size, dtype=bool)
         for key in state.open:
-            watched_rows |= self._rows_of(frame, key)
+            if key[0] in ("rank", "node"):
+                watched_rows |= self._rows_of(frame, key)
         healthy = ~flags.flagged & ~watched_rows
         job_clean = job_flag is None and change is None and not any(
             k[0] in ("job", "change") for k in state.open)
-        if job_clean:
-            state.ranks.record(frame.rank, flags.ratio, healthy)
+        state.ranks.record(frame.rank, frame.busy, flags.ratio, healthy, job_clean)
         if job_clean and not rows.size and not state.open:
             state.history.record(summary)
             self._remember_reference(state, frame, summary, conditions)
@@ -467,19 +466,23 @@ class Analyzer:
         return merged
 
     @staticmethod
-    def _workload(frame: WindowFrame, conditions: Hashable) -> Hashable:
-        """Workload signature: the job's shape and its samples per rank per step."""
+    def _workload(state: _JobState, frame: WindowFrame, conditions: Hashable) -> Hashable:
+        """Workload signature: the job's shape, its samples per rank per step, and its
+        topology (the nodes it runs on) — a change is only judged under matched
+        conditions: same workload, same hardware, same topology."""
+        if state.topology is None:
+            state.topology = hash(tuple(sorted(str(n) for n in frame.node_names)))
         per_step = frame.samples / np.maximum(frame.steps, 1)
         finite = per_step[np.isfinite(per_step)]
         samples = round(float(np.median(finite)), 1) if finite.size else None
-        return (conditions, samples)
+        return (conditions, samples, state.topology)
 
     def _remember_reference(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
                             conditions: Hashable) -> None:
         fingerprint = self._fingerprint(state)
         if not any(fingerprint.values()) or len(state.history.healthy) < detect.MIN_BASELINE_WINDOWS:
             return
-        refs = self._references.setdefault(self._workload(frame, conditions), [])
+        refs = self._references.setdefault(self._workload(state, frame, conditions), [])
         refs[:] = [r for r in refs if r.job != state.job]
         refs.append(WorkloadReference(fingerprint, state.history.median("step"), state.history.median("busy"),
                                       state.history.median("comm_wait"), state.job, len(state.history.healthy)))
@@ -488,7 +491,7 @@ class Analyzer:
                       summary: JobSummary) -> tuple[WorkloadReference, float] | None:
         counts = np.bincount(frame.island, minlength=len(frame.island_names))
         conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
-        refs = [r for r in self._references.get(self._workload(frame, conditions), []) if r.job != state.job]
+        refs = [r for r in self._references.get(self._workload(state, frame, conditions), []) if r.job != state.job]
         if not refs:
             return None
         fingerprint = self._fingerprint(state)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from artemisd.baseline import JobHistory
+from artemisd.baseline import JobHistory, RankBaseline
 from artemisd.config import AnalysisSettings
 from artemisd.detect import detect_job, detect_ranks, island_statistics, summarize
 from artemisd.frame import WindowFrame
@@ -54,15 +54,43 @@ def test_island_of_two_is_never_judged():
     assert detect_ranks(f, SETTINGS).rows.size == 0
 
 
+def baseline_for(world, usual=None, busy=None, spread=0.005):
+    return RankBaseline(
+        usual_ratio=np.array(usual if usual is not None else [np.nan] * world, dtype=float),
+        busy=np.array(busy if busy is not None else [np.nan] * world, dtype=float),
+        spread=np.full(world, spread))
+
+
 def test_usual_ratio_discounts_a_persistently_slower_gpu_only_up_to_min_slowdown():
     f = frame([100, 100, 100, 105, 100, 100, 100, 100])
     assert list(detect_ranks(f, SETTINGS).rows) == [3]
-    usual = np.full(8, np.nan)
+    usual = [np.nan] * 8
     usual[3] = 1.03
-    assert detect_ranks(f, SETTINGS, usual).rows.size == 0
+    assert detect_ranks(f, SETTINGS, baseline_for(8, usual)).rows.size == 0
     usual[3] = 1.5  # a straggler from the start cannot excuse itself
     g = frame([100, 100, 100, 150, 100, 100, 100, 100])
-    assert list(detect_ranks(g, SETTINGS, usual).rows) == [3]
+    assert list(detect_ranks(g, SETTINGS, baseline_for(8, usual)).rows) == [3]
+
+
+def test_half_an_island_slowing_together_is_caught_by_its_own_history():
+    # One node of a two-node job (4 of 8 ranks) is 8 % slower: the island
+    # median sits between the two halves, so peers alone cannot tell.
+    f = frame([100, 101, 99, 100, 108, 109, 107, 108])
+    assert detect_ranks(f, SETTINGS).rows.size == 0
+    history = baseline_for(8, busy=[100] * 8)
+    assert list(detect_ranks(f, SETTINGS, history).rows) == [4, 5, 6, 7]
+
+
+def test_the_whole_island_drifting_together_is_not_a_straggler():
+    f = frame([110, 111, 109, 110, 110, 111, 109, 110])
+    assert detect_ranks(f, SETTINGS, baseline_for(8, busy=[100] * 8)).rows.size == 0
+
+
+def test_own_history_respects_the_rank_own_spread():
+    f = frame([100, 100, 100, 100, 100, 100, 100, 107])
+    noisy = baseline_for(8, busy=[100] * 8, spread=0.05)  # this rank varies 5 % window to window
+    flags = detect_ranks(f, AnalysisSettings(robust_z=100), noisy)
+    assert flags.rows.size == 0
 
 
 def test_job_slowdown_against_history_splits_comm_from_busy():
