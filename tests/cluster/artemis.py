@@ -131,10 +131,6 @@ class ArtemisDaemon:
         if job:
             argv += ["--job", job]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=self.cluster.env)
-        if done.returncode == 2 and "invalid choice: 'incidents'" in done.stderr:
-            # This checkout's CLI predates the subcommand: the same data over HTTP.
-            rows = self.get("/v1/incidents" + ("?all=1" if everything else ""))["incidents"]
-            return [r for r in rows if job is None or r.get("job") == job]
         if done.returncode != 0:
             raise ClusterError(f"artemis incidents failed ({done.returncode}): {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -56,15 +57,33 @@ def write_gpu_file(path: Path, data: dict[str, Any]) -> None:
 
 
 class CpuContention:
-    def __init__(self, cluster: SlurmCluster, node: str, cpu_fraction: float = 0.1):
+    """A noisy neighbour on one node: busy processes sharing the node's capped CPU.
+
+    The cap (``cpu_fraction`` of one CPU for the whole node) makes the node slow
+    without touching the others on this shared machine; the ``hogs`` inside the
+    cap are what real contention looks like to the rank — preempted (involuntary
+    context switches) and getting a smaller CPU share than its peers.
+    """
+
+    def __init__(self, cluster: SlurmCluster, node: str, cpu_fraction: float = 0.1, hogs: int = 1):
         self.group = cluster.nodes[node].cgroup
+        self.netns = cluster.nodes[node].netns
         self.fraction = cpu_fraction
+        self.hog_count = hogs
+        self.hogs: list[subprocess.Popen] = []
 
     def __enter__(self) -> CpuContention:
         self.group.set_quota(self.fraction)
+        for _ in range(self.hog_count):
+            self.hogs.append(subprocess.Popen(["sh", "-c", "while :; do :; done"],
+                                              preexec_fn=self.group.enter))
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        for hog in self.hogs:
+            hog.kill()
+            hog.wait(timeout=10)
+        self.hogs.clear()
         self.group.set_quota(None)
 
 
@@ -112,7 +131,7 @@ class EmulatedGpuFault:
             raise ValueError(f"kind must be one of {', '.join(GPU_FAULTS)}, not {kind!r}")
         self.path = cluster.emulated_gpu_dir / f"{node}.json"
         self.kind = kind
-        self.slowdown = CpuContention(cluster, node, cpu_fraction)
+        self.slowdown = CpuContention(cluster, node, cpu_fraction, hogs=0)
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name=f"gpu-fault-{node}")
         self.recovered = threading.Event()

@@ -24,14 +24,18 @@ class MariaDB:
         self.daemon: Daemon | None = None
 
     def __enter__(self) -> MariaDB:
-        data = self.dir / "data"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        data, tmp = self.dir / "data", self.dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         shutil.chown(self.dir, "mysql", "mysql")
+        shutil.chown(tmp, "mysql", "mysql")
+        # A private tmpdir: two installs at once in /tmp collide on temp table names.
         run(["mariadb-install-db", "--no-defaults", "--user=mysql", f"--datadir={data}",
-             "--skip-test-db", "--auth-root-authentication-method=socket"], timeout_s=120)
+             f"--tmpdir={tmp}", "--skip-test-db", "--auth-root-authentication-method=socket"],
+            timeout_s=120)
         self.daemon = spawn("mariadbd", [
             "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={data}",
             f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self.socket}",
+            f"--tmpdir={tmp}",
             f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'mysqld.err'}",
             "--skip-log-bin", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
             # slurmdbd's schema conversion is slow with durable commits; a test DB needs none.

@@ -43,9 +43,9 @@ class Recorder:
 
 
 class RecordingDaemon:
-    """``with RecordingDaemon() as d: d.endpoint`` — 127.0.0.1, a free port."""
+    """``with RecordingDaemon() as d: d.endpoint`` — by default 127.0.0.1, a free port."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.recorder = Recorder()
         recorder = self.recorder
 
@@ -86,7 +86,7 @@ class RecordingDaemon:
                 else:
                     self._answer({"ok": True})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(address, Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
