@@ -208,12 +208,11 @@ def test_probe_survives_hostile_daemon_faults_and_reinstall(tmp_path, daemon):
     port = daemon.server_address[1]
     env = {"ARTEMIS_ENDPOINT": f"http://127.0.0.1:{port}", "ARTEMIS_WINDOW_STEPS": "5",
            "ARTEMIS_HTTP_TIMEOUT": "0.5", "ARTEMIS_QUEUE": "2"}
-    t0 = time.monotonic()
     results = run_job({"out": str(tmp_path), "steps": 60, "faults": [10, 30], "reinstall": 45}, env=env)
     digests = {round(r["digest"], 6) for r in results}
     assert len(digests) == 1, "training diverged across ranks"
     assert all(r["installed"] for r in results)
-    assert time.monotonic() - t0 < 120
+    assert sum(r["stats"]["dropped"] for r in results) > 0  # the hangs and 500s cost reports, nothing else
     # After the heal and the reinstall the probe still reports, numbering goes
     # on where it stopped, and the DDP model built under the first install is
     # timed by the second.
