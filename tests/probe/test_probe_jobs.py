@@ -178,8 +178,16 @@ def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, d
     """Autoload (ARTEMIS_ENABLED + PYTHONPATH), HTTP reports, probe and rebalance directives."""
     _Daemon.mode = "directives"
     port = daemon.server_address[1]
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    for rank in range(4):  # the test cluster's emulated GPUs: n2's is thermally throttled
+        clock, throttle = (1410, ["hw_thermal"]) if rank == 2 else (1980, [])
+        (gpus / f"n{rank}.json").write_text(json.dumps({
+            "vendor": "nvidia", "model": "Emulated GPU", "driver": "550.54.15",
+            "gpus": {"0": {"sm_clock_mhz": clock, "max_sm_clock_mhz": 1980, "temp_c": 40, "throttle": throttle}}}))
     env = {"ARTEMIS_ENABLED": "1", "ARTEMIS_ENDPOINT": f"http://127.0.0.1:{port}", "ARTEMIS_WINDOW_STEPS": "8",
-           "PYTHONPATH": f"{ROOT / 'torch_hook' / 'autoload'}:{ROOT}"}
+           "PYTHONPATH": f"{ROOT / 'torch_hook' / 'autoload'}:{ROOT}",
+           "ARTEMIS_TELEMETRY": "emulated", "ARTEMIS_EMULATED_GPU_DIR": str(gpus)}
     results = run_job({"out": str(tmp_path), "steps": 64, "install": False, "sampler": True, "samples": 512,
                        "batch": 8}, env=env)
     for res in results:
@@ -200,6 +208,11 @@ def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, d
     assert results[2]["share"] == 0.5 and results[0]["share"] == 1.0
     late = [r for r in reports if r.window.seq == max(x.window.seq for x in reports)]
     assert min(late, key=lambda r: r.samples).rank == 2
+    # Emulated telemetry reaches the reports: device, island, GPU block, driver.
+    for r in reports:
+        assert r.island == "nvidia:Emulated GPU" and r.env.driver == "550.54.15"
+        assert r.gpu.throttle == (("hw_thermal",) if r.rank == 2 else ())
+        assert r.gpu.sm_clock_mhz == (1410 if r.rank == 2 else 1980)
 
 
 def test_probe_survives_hostile_daemon_faults_and_reinstall(tmp_path, daemon):
