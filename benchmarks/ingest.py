@@ -52,7 +52,7 @@ from typing import Any  # noqa: E402
 from artemisd.auth import TRUSTED_LOCAL  # noqa: E402
 from artemisd.config import parse_config_text  # noqa: E402
 from artemisd.pipeline import Analyzer  # noqa: E402
-from artemisd.server import configure_logging  # noqa: E402
+from artemisd.server import configure_logging, tune_gc  # noqa: E402
 from artemisd.service import Daemon, decode_body  # noqa: E402
 from artemisd.sim.fleet import simulate_records, single_job  # noqa: E402
 from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec  # noqa: E402
@@ -207,6 +207,7 @@ def main() -> int:
     os.sched_setaffinity(0, {args.cpu})
     configure_logging(logging.WARNING)  # as the service logs: JSON, and only what matters here
     windows = trace(args.ranks, args.windows)
+    tune_gc()  # as artemisd does after start-up
     result: dict[str, Any] = {"ranks": args.ranks, "windows": len(windows),
                               "reports": sum(len(w) for w in windows)}
     result |= in_process(windows, args.repeats)
