@@ -9,6 +9,7 @@ excuse.  The pipeline decides what is healthy; these classes only remember.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,23 +109,40 @@ class JobSummary:
 
 @dataclass
 class JobHistory:
-    """Healthy window summaries of one job (bounded)."""
+    """Healthy window summaries of one job: the most recent ones and the first ones.
+
+    ``reference`` compares against the better of the two medians.  Recent
+    windows alone would let a slow ramp drag the baseline along with it (a
+    link degrading over half an hour never looks 5 % worse than the last ten
+    minutes); the first healthy windows anchor what this job ran like.
+    """
 
     depth: int
     healthy: deque[JobSummary] = field(default_factory=deque)
+    anchor: list[JobSummary] = field(default_factory=list)
 
     def record(self, summary: JobSummary) -> None:
         self.healthy.append(summary)
         while len(self.healthy) > self.depth:
             self.healthy.popleft()
+        if len(self.anchor) < self.depth:
+            self.anchor.append(summary)
 
     def ready(self, min_windows: int = 3) -> bool:
         return len(self.healthy) >= min_windows
 
-    def median(self, attr: str) -> float:
-        values = [getattr(s, attr) for s in self.healthy]
-        values = [v for v in values if not np.isnan(v)]
+    @staticmethod
+    def _median(summaries: Iterable[JobSummary], attr: str) -> float:
+        values = [v for v in (getattr(s, attr) for s in summaries) if not np.isnan(v)]
         return float(np.median(values)) if values else float("nan")
+
+    def median(self, attr: str) -> float:
+        return self._median(self.healthy, attr)
+
+    def reference(self, attr: str) -> float:
+        """The faster of the recent and the anchoring medians (ms per step)."""
+        recent, first = self.median(attr), self._median(self.anchor, attr)
+        return float(np.nanmin([recent, first])) if np.isfinite([recent, first]).any() else float("nan")
 
     def collective_median(self, group: str) -> float:
         values = [s.collectives[group] for s in self.healthy if group in s.collectives]

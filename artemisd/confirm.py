@@ -17,6 +17,10 @@ flag — even two in a row when the spike straddles a window boundary — can on
 confirm through the intermittent rule.  Where the probe sent no medians every
 flag counts as steady.
 
+A subject with no healthy history yet (the first windows of a job) needs one
+steady window more: until a rank's usual speed is known, a GPU that is always
+a little slower can look like a straggler for a window or two.
+
 A change of conditions restarts the count: a window measured under other
 conditions proves nothing about this one.  A lone flag is dismissed once its
 steady window has passed, but remembered over the horizon, so a fault that
@@ -78,7 +82,9 @@ class Persistence:
         self.streaks: dict[Hashable, Streak] = {}
 
     def observe(self, subject: Hashable, seq: int, conditions: Hashable,
-                steady: bool = True) -> tuple[Verdict, Streak]:
+                steady: bool = True, strict: bool = False) -> tuple[Verdict, Streak]:
+        """Record a flag; ``strict`` (a subject with no healthy history yet to
+        judge it by) asks one steady window more."""
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
@@ -88,8 +94,10 @@ class Persistence:
             streak.steady.append(seq)
         streak.dismissed = False
         streak.flagged = [s for s in streak.flagged if s > seq - self.span]
-        streak.steady = [s for s in streak.steady if s > seq - (self.need + 1)]
-        if len(streak.steady) >= self.need or len(streak.flagged) >= self.need + 1:
+        need = self.need + 1 if strict else self.need
+        streak.steady = [s for s in streak.steady if s > seq - (self.need + 2)]
+        steady = sum(1 for s in streak.steady if s > seq - (need + 1))
+        if steady >= need or len(streak.flagged) >= need + 1:
             return Verdict.CONFIRMED, streak
         return Verdict.PENDING, streak
 

@@ -202,7 +202,7 @@ class JobFlag:
 def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSettings) -> JobFlag | None:
     if not history.ready(MIN_BASELINE_WINDOWS):
         return None
-    base_step = history.median("step")
+    base_step = history.reference("step")
     if not base_step > 0:
         return None
     step_ratio = summary.step / base_step
@@ -210,7 +210,7 @@ def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSetti
         return None
 
     def rise(attr: str) -> float:
-        base = history.median(attr)
+        base = history.reference(attr)
         now = getattr(summary, attr)
         return float(now - base) if np.isfinite(base) and np.isfinite(now) else 0.0
 
@@ -227,7 +227,7 @@ def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSetti
 
 
 def _steady_job(summary: JobSummary, history: JobHistory, settings: AnalysisSettings) -> bool:
-    base = history.median("step_p50")
+    base = history.reference("step_p50")
     if not (np.isfinite(base) and np.isfinite(summary.step_p50)):
         return True
     return summary.step_p50 >= base * (1.0 + settings.job_slowdown / 2)

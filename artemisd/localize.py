@@ -232,10 +232,14 @@ def diagnose_straggler(
     missing: list[str] = []
 
     input_cand, data_measured = _input_candidate(frame, rows, peers, excess)
-    if input_cand is not None:
-        candidates.append(input_cand)
     gpu, gpu_measured = _gpu_candidates(frame, rows, peers)
     host, host_measured = _host_candidates(frame, rows, peers)
+    if input_cand is not None:
+        candidates.append(input_cand)
+        # Time spent waiting for data is not time the GPU is slow in: the more
+        # of the excess the loader explains, the less a GPU reason can.
+        data_share = min(1.0, (input_cand[1] - 0.6) / 0.3)
+        gpu = [(c, conf * (1.0 - 0.5 * data_share), ev) for c, conf, ev in gpu]
     candidates.extend(gpu)
     candidates.extend(host)
 
@@ -290,10 +294,10 @@ def diagnose_job(
     base = [Evidence(signal="ms.step", value=_r(flag.step_ms), peers=_r(flag.baseline_step_ms),
                      note="job median step time vs its own healthy baseline")]
     if not flag.comm_bound:
-        base.append(Evidence(signal="ms.busy", value=_r(summary.busy), peers=_r(history.median("busy")),
+        base.append(Evidence(signal="ms.busy", value=_r(summary.busy), peers=_r(history.reference("busy")),
                              note="every rank's own work rose together"))
         if flag.data_rise_ms >= 0.5 * flag.busy_rise_ms > 0:
-            base.append(Evidence(signal="ms.data", value=_r(summary.data), peers=_r(history.median("data"))))
+            base.append(Evidence(signal="ms.data", value=_r(summary.data), peers=_r(history.reference("data"))))
             iowait = _median(frame.telemetry["iowait_pct"])
             cause = Cause.INPUT_STORAGE if np.isfinite(iowait) and iowait >= IOWAIT_DELTA_PCT else Cause.INPUT_LOADER
             return JobDiagnosis("job", Diagnosis(cause, 0.7, tuple(base)))
@@ -301,7 +305,7 @@ def diagnose_job(
                                          floor, base))
 
     base.append(Evidence(signal="ms.comm_wait", value=_r(summary.comm_wait),
-                         peers=_r(history.median("comm_wait")), note="every rank waits longer at collectives"))
+                         peers=_r(history.reference("comm_wait")), note="every rank waits longer at collectives"))
     # One island's own collective groups slowed while the other islands' did not?
     rising = []
     for group, ms in summary.collectives.items():

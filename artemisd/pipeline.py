@@ -226,7 +226,8 @@ class Analyzer:
 
         self._take_probe_results(state, frame, probes, changed)
 
-        flags = detect.detect_ranks(frame, s, state.ranks.baseline())
+        baseline = state.ranks.baseline()
+        flags = detect.detect_ranks(frame, s, baseline)
         rows = flags.rows
 
         summary = detect.summarize(frame, frame.collectives)
@@ -234,6 +235,12 @@ class Analyzer:
 
         subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)
+        bursty_job = job_flag is not None and not job_flag.steady
+        if bursty_job:
+            # A checkpoint write or a few steps of network congestion moved the
+            # mean, not the median: not a job-wide slowdown, and not a window to
+            # learn the job's baseline from either.
+            job_flag = None
         if job_flag is not None:
             # Stragglers — flagged now or already under watch — make every other
             # rank wait, which looks job-wide; a rise they explain is theirs.
@@ -252,7 +259,8 @@ class Analyzer:
                                    & ~np.isin(np.arange(frame.size), subject_rows))
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
-            self._observe(state, key, seq, (conditions, island, node), steady, frame, changed,
+            strict = baseline is None or bool(np.isnan(baseline.usual_ratio[frame.rank[subject_rows]]).any())
+            self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
                           lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
                               frame, r, p, s.confidence_floor, o),
@@ -261,7 +269,7 @@ class Analyzer:
             key = ("job",)
             flagged_keys.add(key)
             loss = 100.0 * (job_flag.step_ms - job_flag.baseline_step_ms) / max(job_flag.step_ms, 1e-9)
-            self._observe(state, key, seq, conditions, job_flag.steady, frame, changed,
+            self._observe(state, key, seq, conditions, (True, False), frame, changed,
                           lambda: (job_flag.step_ratio, job_flag.step_ms - job_flag.baseline_step_ms, loss),
                           None, job_flag=job_flag, summary=summary)
         if change is not None:
@@ -269,7 +277,7 @@ class Analyzer:
             flagged_keys.add(key)
             reference, ratio = change
             excess = summary.step - reference.step
-            self._observe(state, key, seq, conditions, True, frame, changed,
+            self._observe(state, key, seq, conditions, (True, False), frame, changed,
                           lambda: (ratio, excess, 100.0 * excess / max(summary.step, 1e-9)),
                           None, reference=reference, summary=summary)
 
@@ -284,7 +292,12 @@ class Analyzer:
         job_clean = job_flag is None and change is None and not any(
             k[0] in ("job", "change") for k in state.open)
         state.ranks.record(frame.rank, frame.busy, flags.ratio, healthy, job_clean)
-        if job_clean and not rows.size and not state.open:
+        # The job's own baseline: a window where no rank stood out and no
+        # confirmed straggler is in force (a suspect that is quiet this window
+        # does not slow it; at 10k ranks some suspect is nearly always open).
+        stragglers_in_force = any(w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT
+                                  for w in state.open.values())
+        if job_clean and not bursty_job and not rows.size and not stragglers_in_force:
             state.history.record(summary)
             self._remember_reference(state, frame, summary, conditions)
         return [inc.model_copy(deep=True) for inc in changed.values()]
@@ -355,11 +368,12 @@ class Analyzer:
         excess = busy - peer_busy
         return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step, 1e-9)
 
-    def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable, steady: bool,
+    def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable,
+                 steadiness: tuple[bool, bool],
                  frame: WindowFrame, changed: dict[str, Incident],
                  measures: Callable[[], tuple[float, float, float]],
                  diagnose: Callable[..., Diagnosis] | None, **context) -> None:
-        verdict, streak = state.persistence.observe(key, seq, conditions, steady)
+        verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness)
         watched = state.open.get(key)
         if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
             watched.healthy_windows = 0  # a confirmed incident still in force
