@@ -59,7 +59,7 @@ def show_incident(incident: dict[str, Any]) -> str:
     lines.append(f"    action:   {action.get('kind')} {action.get('target')} -> {action.get('status')}")
     result = incident.get("result")
     if result:
-        lines.append(f"    result:   {result['throughput_before']} -> {result['throughput_after']}"
+        lines.append(f"    result:   {result['throughput_before']:.0f} -> {result['throughput_after']:.0f}"
                      f" samples/s, recovered: {result['recovered']}")
     return "\n".join(lines)
 
@@ -107,9 +107,13 @@ def run(out: Path, keep: bool) -> int:
                 "suspect", "dismissed", "confirmed"), "the thermal incident to be acted on", timeout_s=300)
             wait_for(lambda: cluster.drain_reasons().get(hot), f"{hot} drained", timeout_s=120)
             wait_for(lambda: hot in job.info().get("ExcNodeList", ""), "the requeue", timeout_s=120)
+            # Re-read: the action has finished meanwhile (drain done, job requeued).
+            second = job.wait_incident(lambda i: i["id"] == second["id"] and (i.get("action") or {}).get(
+                "status") in ("done", "failed"), "the drain to be recorded", timeout_s=120)
         incidents.append(second)
         say("incident:\n" + show_incident(second), started)
-        say("sinfo -R:\n" + cluster.cmd("sinfo", "-R").stdout.rstrip(), started)
+        say("sinfo -R:\n" + cluster.cmd("sinfo", "-R", "-o", "%60E %9u %19H %N").stdout.rstrip(),
+            started)
         info = job.info()
         say(f"job {job.job_id}: {info.get('JobState')}, requeued {info.get('Restarts')} time(s), "
             f"ExcNodeList={info.get('ExcNodeList')}", started)
