@@ -160,6 +160,7 @@ class WorkloadReference:
 
     fingerprint: dict[str, str | None]
     step: float
+    step_p50: float
     busy: float
     comm_wait: float
     job: str

@@ -241,15 +241,21 @@ class Analyzer:
             # mean, not the median: not a job-wide slowdown, and not a window to
             # learn the job's baseline from either.
             job_flag = None
-        if job_flag is not None:
-            # Stragglers — flagged now or already under watch — make every other
-            # rank wait, which looks job-wide; a rise they explain is theirs.
-            excess = [float(np.max(frame.busy[rows] - flags.island_median[rows]))] if rows.size else []
-            excess += [w.incident.excess_ms or 0.0 for w in state.open.values()
-                       if w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT]
-            if excess and job_flag.step_ms - job_flag.baseline_step_ms <= STRAGGLER_SLACK * max(excess):
-                job_flag = None
-        change = self._change_check(state, frame, summary) if not rows.size and job_flag is None else None
+        # Stragglers — flagged now or already under watch — make every other
+        # rank wait, which looks job-wide; a rise they explain is theirs.
+        excess = [float(np.max(frame.busy[rows] - flags.island_median[rows]))] if rows.size else []
+        excess += [w.incident.excess_ms or 0.0 for w in state.open.values()
+                   if w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT]
+        straggler_ms = STRAGGLER_SLACK * max(excess, default=0.0)
+        inconclusive: set[Hashable] = set()
+        if job_flag is not None and job_flag.step_ms - job_flag.baseline_step_ms <= straggler_ms:
+            job_flag = None
+            inconclusive.add(("job",))
+        change = None
+        if job_flag is None:
+            change = self._change_check(state, frame, summary, straggler_ms)
+            if change is None and straggler_ms > 0:
+                inconclusive.add(("change",))
 
         flagged_keys: set[Hashable] = set()
         for key, subject_rows in subjects.items():
@@ -281,7 +287,7 @@ class Analyzer:
                           lambda: (ratio, excess, 100.0 * excess / max(summary.step, 1e-9)),
                           None, reference=reference, summary=summary)
 
-        self._watch_recovery(state, seq, flagged_keys, changed)
+        self._watch_recovery(state, seq, flagged_keys | inconclusive, changed)
 
         # Baselines learn from healthy windows only: no flag, no open subject.
         watched_rows = np.zeros(frame.size, dtype=bool)
@@ -498,11 +504,12 @@ class Analyzer:
             return
         refs = self._references.setdefault(self._workload(state, frame, conditions), [])
         refs[:] = [r for r in refs if r.job != state.job]
-        refs.append(WorkloadReference(fingerprint, state.history.median("step"), state.history.median("busy"),
-                                      state.history.median("comm_wait"), state.job, len(state.history.healthy)))
+        h = state.history
+        refs.append(WorkloadReference(fingerprint, h.median("step"), h.median("step_p50"), h.median("busy"),
+                                      h.median("comm_wait"), state.job, len(h.healthy)))
 
-    def _change_check(self, state: _JobState, frame: WindowFrame,
-                      summary: JobSummary) -> tuple[WorkloadReference, float] | None:
+    def _change_check(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
+                      straggler_ms: float) -> tuple[WorkloadReference, float] | None:
         counts = np.bincount(frame.island, minlength=len(frame.island_names))
         conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
         refs = [r for r in self._references.get(self._workload(state, frame, conditions), []) if r.job != state.job]
@@ -514,8 +521,11 @@ class Analyzer:
             return None  # the same software ran this workload before: not a change
         reference = refs[-1]
         ratio = summary.step / max(reference.step, 1e-9)
-        if ratio < 1.0 + self.settings.job_slowdown:
+        if ratio < 1.0 + self.settings.job_slowdown or summary.step - reference.step <= straggler_ms:
             return None
+        if np.isfinite(summary.step_p50) and np.isfinite(reference.step_p50) and \
+                summary.step_p50 < reference.step_p50 * (1.0 + self.settings.job_slowdown / 2):
+            return None  # a bursty window (checkpoint, congestion): the median step did not move
         if diagnose_change(reference, fingerprint, summary) is None:
             return None
         return reference, ratio
