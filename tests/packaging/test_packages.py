@@ -328,9 +328,15 @@ def test_installed_spank_plugin_loads_in_a_real_sbatch(installed: None) -> None:
                   "print(\"sitecustomize\", s and s.origin)'\n")
         on = cluster.sbatch(script, "--artemis=on", f"--output={out}/on.out")
         off = cluster.sbatch(script, f"--output={out}/off.out")
-        for job in (on, off):
+        # The user guide's other spelling: the option as a batch script directive.
+        directive = cluster.sbatch(script.replace("\n", "\n#SBATCH --artemis=on\n", 1),
+                                   f"--output={out}/directive.out")
+        for job in (on, off, directive):
             assert cluster.wait_job(job) == "COMPLETED", (job, cluster.job(job))
         lines = (out / "on.out").read_text().splitlines()
+        assert f"ARTEMIS_JOB_ID={on}" in lines, lines
+        assert (out / "directive.out").read_text().splitlines() == \
+            [f"ARTEMIS_JOB_ID={directive}" if line == f"ARTEMIS_JOB_ID={on}" else line for line in lines]
         assert "ARTEMIS_ENABLED=1" in lines, lines
         assert "ARTEMIS_ENDPOINT=http://artemisd.example.org:6820" in lines, lines
         assert "ARTEMIS_WINDOW_STEPS=50" in lines, lines
