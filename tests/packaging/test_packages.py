@@ -5,7 +5,7 @@ module (about a CPU-minute: the controller's venv and bytecode; gzip -1 instead
 of xz is the only difference from a release build).  The contents are checked
 with ``dpkg-deb`` and ``rpm -qp``, the .debs with lintian, and then — as root —
 the .debs are installed on this machine with dpkg, smoke-tested (the commands,
-the daemon as its own user under the unit's settings, the node programs, the
+the daemon as the unit's user with its state directory, the node programs, the
 SPANK plugin loaded by a real sbatch in a one-node test cluster) and purged, so
 the machine is left as it was.  Nothing here dials anything but 127.0.0.1.
 """
@@ -55,7 +55,7 @@ def deb_paths(deb: Path) -> dict[str, str]:
     paths = {}
     for line in run("dpkg-deb", "-c", deb).stdout.splitlines():
         name = line.split(None, 5)[5].split(" -> ")[0]
-        paths["/" + name.lstrip("./").rstrip("/")] = line
+        paths["/" + name.removeprefix("./").rstrip("/")] = line
     return paths
 
 
