@@ -91,6 +91,41 @@ class _JobState:
     probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
 
 
+class _LazyPeers:
+    """A subject's island peers (its island less its own rows), built only when needed.
+
+    Excluding the subject moves the median of a large island by a hair, so for
+    islands of ``EXACT_PEERS_BELOW`` ranks or more the island median already
+    computed by detect stands in, and the O(world) peer set is built only for
+    localisation, once, at confirmation.
+    """
+
+    EXACT_PEERS_BELOW = 256
+
+    def __init__(self, frame: WindowFrame, subject_rows: np.ndarray):
+        self.frame = frame
+        self.subject_rows = subject_rows
+        self._rows: np.ndarray | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            frame, code = self.frame, self.frame.island[self.subject_rows[0]]
+            mask = frame.island == code
+            mask[self.subject_rows] = False
+            self._rows = np.flatnonzero(mask)
+        return self._rows
+
+    def median_busy(self, flags: detect.RankFlags) -> float:
+        row = int(self.subject_rows[0])
+        size = int(np.count_nonzero(self.frame.island == self.frame.island[row])) \
+            if len(self.frame.island_names) > 1 else self.frame.size
+        if size >= self.EXACT_PEERS_BELOW:
+            return float(flags.island_median[row])
+        peers = self.rows
+        return float(np.median(self.frame.busy[peers])) if peers.size else float("nan")
+
+
 def _subject_label(key: tuple) -> str:
     return "/".join(str(k) for k in key)
 
@@ -258,18 +293,18 @@ class Analyzer:
                 inconclusive.add(("change",))
 
         flagged_keys: set[Hashable] = set()
+        step_ms = float(np.median(frame.step))
         for key, subject_rows in subjects.items():
             flagged_keys.add(key)
             island = frame.island_names[int(frame.island[subject_rows[0]])]
-            peers = np.flatnonzero((frame.island == frame.island[subject_rows[0]])
-                                   & ~np.isin(np.arange(frame.size), subject_rows))
+            peers = _LazyPeers(frame, subject_rows)
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
             strict = baseline is None or bool(np.isnan(baseline.usual_ratio[frame.rank[subject_rows]]).any())
             self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
-                          lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p),
+                          lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
-                              frame, r, p, s.confidence_floor, o),
+                              frame, r, p.rows, s.confidence_floor, o),
                           island=island, rows=subject_rows)
         if job_flag is not None:
             key = ("job",)
@@ -367,12 +402,12 @@ class Analyzer:
         return np.ones(frame.size, dtype=bool)
 
     @staticmethod
-    def _straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[float, float, float]:
+    def _straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: _LazyPeers, flags: detect.RankFlags,
+                            step_ms: float) -> tuple[float, float, float]:
         busy = float(np.median(frame.busy[rows]))
-        peer_busy = float(np.median(frame.busy[peers])) if peers.size else float("nan")
-        step = float(np.median(frame.step))
+        peer_busy = peers.median_busy(flags)
         excess = busy - peer_busy
-        return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step, 1e-9)
+        return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step_ms, 1e-9)
 
     def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable,
                  steadiness: tuple[bool, bool],
@@ -381,6 +416,11 @@ class Analyzer:
                  diagnose: Callable[..., Diagnosis] | None, **context) -> None:
         verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness)
         watched = state.open.get(key)
+        if watched is None and verdict is not Verdict.CONFIRMED and not steadiness[0] and len(streak.flagged) < 2:
+            # A lone bursty flag (a GC pause, a blip of a few steps) is only
+            # remembered: it opens no suspect, which at 100k ranks would mean
+            # hundreds of incidents a window that all end dismissed.
+            return
         if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
             watched.healthy_windows = 0  # a confirmed incident still in force
             return
@@ -462,6 +502,8 @@ class Analyzer:
                             probes: dict[str, dict[int, ProbeResult]], changed: dict[str, Incident]) -> None:
         for probe_id, results in probes.items():
             state.probes.setdefault(probe_id, {}).update(results)
+        if not state.probes:
+            return
         node_of = {int(r): frame.node_names[int(n)] for r, n in zip(frame.rank, frame.node)}
         for watched in state.open.values():
             if watched.probe_id is None or watched.probe_id not in state.probes:
