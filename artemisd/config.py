@@ -189,7 +189,7 @@ class DaemonSettings(_Section):
     sends nothing anywhere.
     """
 
-    listen: HostPort = "127.0.0.1:6820"
+    listen: HostPort = "127.0.0.1:7600"
     state_dir: str = "/var/lib/artemis"
     slurm_backend: Literal["cli", "pyslurm"] = "cli"
     slurm_timeout: Seconds = 30.0

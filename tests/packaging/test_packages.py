@@ -157,7 +157,7 @@ def test_node_deb_layout_leaves_the_plugin_disabled(packages: dict[str, Path]) -
         ["/etc/artemis/node.conf", "/etc/artemis/plugstack.conf"]
     snippet = run("sh", "-c", f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - ./etc/artemis/plugstack.conf").stdout
     active = [line for line in snippet.splitlines() if line and not line.startswith("#")]
-    assert active == [f"optional {plugindir}/spank_artemis.so endpoint=http://artemisd.example.org:6820 "
+    assert active == [f"optional {plugindir}/spank_artemis.so endpoint=http://artemisd.example.org:7600 "
                       f"default=off window_steps=50 autoload={AUTOLOAD}"]
 
 
@@ -338,7 +338,7 @@ def test_installed_spank_plugin_loads_in_a_real_sbatch(installed: None) -> None:
         assert (out / "directive.out").read_text().splitlines() == \
             [f"ARTEMIS_JOB_ID={directive}" if line == f"ARTEMIS_JOB_ID={on}" else line for line in lines]
         assert "ARTEMIS_ENABLED=1" in lines, lines
-        assert "ARTEMIS_ENDPOINT=http://artemisd.example.org:6820" in lines, lines
+        assert "ARTEMIS_ENDPOINT=http://artemisd.example.org:7600" in lines, lines
         assert "ARTEMIS_WINDOW_STEPS=50" in lines, lines
         assert any(line.startswith(f"PYTHONPATH={AUTOLOAD}") for line in lines), lines
         assert f"sitecustomize {AUTOLOAD}/sitecustomize.py" in lines, lines

@@ -38,9 +38,9 @@ def test_auto_without_approve_leaves_the_rest_to_approval():
 
 
 @pytest.mark.parametrize("text,key,line", [
-    ("\nListen=0.0.0.0:6820 AuthType=none\n", "AuthType", 2),
+    ("\nListen=0.0.0.0:7600 AuthType=none\n", "AuthType", 2),
     ("PartitionPolicy=x Auto=reboot\n", "Auto", 1),
-    ("Listen=6820\n", "Listen", 1),
+    ("Listen=7600\n", "Listen", 1),
     ("\n\nPartitionPolicy=x MaxDrainFraction=2\n", "MaxDrainFraction", 3),
     ("PartitionPolicy=x Bogus=1\n", "Bogus", 1),
     ("PartitionPolicy=x Auto=drain Approve=drain\n", "PartitionPolicy", 1),
