@@ -122,6 +122,11 @@ class SlurmCluster:
         self.artemis_port = free_port()
         self.conf = self.dir / "etc" / "slurm.conf"
         self.bring_up_s: float | None = None
+        # The project's node-side pieces, once installed (None: not built / absent).
+        self.plugin: Path | None = None
+        self.prolog: Path | None = None
+        self.epilog: Path | None = None
+        self.nodecheck: Path | None = None
 
     # -- what tests use ----------------------------------------------------
 
@@ -296,10 +301,6 @@ class SlurmCluster:
 
     def _install_artemis(self) -> None:
         """Wire the project's node-side pieces into this cluster, where they exist."""
-        self.plugin: Path | None = None
-        self.prolog: Path | None = None
-        self.epilog: Path | None = None
-        self.nodecheck: Path | None = None
         self.emulated_gpu_dir.mkdir(parents=True, exist_ok=True)
         if not self.artemis:
             return
