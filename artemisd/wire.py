@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -36,16 +36,6 @@ from pydantic import (
 
 WIRE_VERSION = 1
 
-THROTTLE_REASONS = (
-    "sw_power_cap",
-    "hw_slowdown",
-    "hw_thermal",
-    "sw_thermal",
-    "hw_power_brake",
-    "sync_boost",
-    "applications_clocks",
-    "idle",
-)
 ThrottleReason = Literal[
     "sw_power_cap",
     "hw_slowdown",
@@ -56,6 +46,7 @@ ThrottleReason = Literal[
     "applications_clocks",
     "idle",
 ]
+THROTTLE_REASONS: tuple[str, ...] = get_args(ThrottleReason)
 
 NonNegative = Annotated[float, Field(ge=0)]
 # Tolerance when a report carries busy *and* comm_wait: probes round each field
