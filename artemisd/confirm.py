@@ -166,14 +166,17 @@ def judge_probe(
         ))
         if slow_gemm:
             return ProbeJudgement(ProbeVerdict.DEVICE, tuple(evidence))
-    # Ring transfers: attribute each timed send to both ends' nodes; a node whose
-    # transfers are all slow is the common end of the slow links.
+    # Ring pairs: attribute each timed round trip between two nodes to both
+    # nodes; the node whose transfers are slow is the common end of the slow
+    # links.  A pair within one node crosses no network link: left out.
     per_node: dict[str, list[float]] = {}
     for rank, result in results.items():
         for hop in result.p2p:
-            for node in {node_of.get(rank), hop.node or node_of.get(hop.peer)}:
-                if node is not None:
-                    per_node.setdefault(node, []).append(hop.ms)
+            ends = {node_of.get(rank), hop.node or node_of.get(hop.peer)}
+            if None in ends or len(ends) < 2:
+                continue
+            for node in ends:
+                per_node.setdefault(node, []).append(hop.ms)
     if len(per_node) >= 3:
         medians = {n: _median(v) for n, v in per_node.items()}
         overall = _median(list(medians.values()))

@@ -6,8 +6,13 @@ across ranks under matched conditions:
 
 1. a fixed-size GEMM on the rank's own device -> ``gemm_ms``, ``gemm_tflops``;
 2. a fixed-size all-reduce within the rank's island -> ``allreduce_ms``;
-3. one ring of point-to-point transfers, rank r -> r+1 -> ``p2p`` (a slow
-   link shows as a slow ``ms`` towards one peer, named with its node).
+3. the ring's links one pair at a time: rank r and r+1 ping-pong a fixed
+   buffer while no other transfer touches either of them -> ``p2p`` (the
+   round trip, reported by r towards peer r+1 and named with its node).  A
+   slow link shows as slow round trips on the two pairs that use it, and
+   nowhere else: in a ring where every rank sends and receives at once, each
+   timing would also include the neighbour's incoming link, and the slowness
+   would smear onto the next node.
 
 Times are medians over a few repetitions after one warm-up.  Each phase is a
 collective or follows one, and runs on every rank even if a previous phase
@@ -74,22 +79,46 @@ def run(directive_id: str, *, rank: int, world: int, device: torch.device,
         except Exception as err:  # noqa: BLE001
             errors.append(f"allreduce: {err!r}")
 
-        peer, source = (rank + 1) % world, (rank - 1) % world
-        send = torch.ones(p2p_bytes // 4, device=device, dtype=torch.float32)
-        recv = torch.empty_like(send)
-
-        def ring() -> None:
-            ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, source)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-
         try:
-            entry: dict[str, Any] = {"peer": peer, "ms": round(_timed(ring, device), 4)}
-            if nodes and peer < len(nodes):
-                entry["node"] = nodes[peer]
-            out["p2p"] = [entry]
+            entry = _ring_pairs(rank, world, device, p2p_bytes)
+            if entry is not None:
+                if nodes and entry["peer"] < len(nodes):
+                    entry["node"] = nodes[entry["peer"]]
+                out["p2p"] = [entry]
         except Exception as err:  # noqa: BLE001
             errors.append(f"p2p: {err!r}")
 
     out["cost_ms"] = round((time.perf_counter() - t_start) * 1e3, 3)
     return out
+
+
+def _ring_phases(world: int) -> list[list[int]]:
+    """Pairs (k, k+1 mod world), named by k, grouped so no rank is in two pairs of one phase."""
+    if world == 2:
+        return [[0]]
+    phases = [[k for k in range(world) if k % 2 == 0], [k for k in range(world) if k % 2 == 1]]
+    if world % 2:
+        # The closing pair (world-1, 0) shares rank 0 with pair 0: a phase of its own.
+        phases[0].remove(world - 1)
+        phases.append([world - 1])
+    return phases
+
+
+def _ring_pairs(rank: int, world: int, device: torch.device, nbytes: int) -> dict[str, Any] | None:
+    """Ping-pong each ring pair in turn; return this rank's entry (as the pair's left end)."""
+    buf = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    entry = None
+    for phase in _ring_phases(world):
+        dist.barrier()  # every rank enters the phase together: no pair waits on another
+        for k in phase:
+            left, right = k, (k + 1) % world
+            if rank == left:
+                def round_trip(peer: int = right) -> None:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                entry = {"peer": right, "ms": round(_timed(round_trip, device), 4)}
+            elif rank == right:
+                for _ in range(REPS + 1):  # the warm-up and each timed round trip
+                    dist.recv(buf, left)
+                    dist.send(buf, left)
+    return entry
