@@ -32,6 +32,7 @@ TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
     "iowait_pct": ("host", "iowait_pct"),
     "ctx_invol_per_s": ("host", "ctx_invol_per_s"),
     "net_retransmits_per_s": ("host", "net_retransmits_per_s"),
+    "cpu_throttled_pct": ("host", "cpu_throttled_pct"),
 }
 
 

@@ -18,8 +18,8 @@ Rules, strongest first (confidence in brackets):
   [0.9], locked application clocks → ``gpu.clocks`` [0.85]; an enforced power
   limit below the default → ``gpu.power`` [0.85]; SM clock well below peers'
   with no reason given → ``gpu.clocks`` [0.8].
-* host — CPU steal, involuntary context switches or process CPU share clearly
-  off the peers' → ``host.cpu`` [0.7–0.78].
+* host — CPU steal, cgroup CPU-quota throttling, involuntary context switches
+  or process CPU share clearly off the peers' → ``host.cpu`` [0.7–0.8].
 * matched probe — identical GEMM slow → GPU class; identical work at peer
   speed → host/input class (raises or lowers the above).
 """
@@ -49,6 +49,7 @@ IOWAIT_DELTA_PCT = 5.0
 STEAL_DELTA_PCT = 5.0
 CTX_FACTOR = 3.0
 CPU_SHARE_DELTA = 0.25
+THROTTLED_DELTA_PCT = 10.0
 RETRANSMIT_FACTOR = 5.0
 RETRANSMIT_MIN_PER_S = 5.0
 GROUP_RISE = 1.2  # a process group's collective time up 20 % on its baseline
@@ -191,6 +192,13 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
             score = max(score, 0.7)
             evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
                                      note="process CPU share differs from peers'"))
+    throttled, peer_throttled = _median(tel["cpu_throttled_pct"][rows]), _median(tel["cpu_throttled_pct"][peers])
+    if np.isfinite(throttled) and np.isfinite(peer_throttled):
+        measured = True
+        if throttled - peer_throttled >= THROTTLED_DELTA_PCT:
+            score = max(score, 0.8)
+            evidence.append(Evidence(signal="cpu_throttled_pct", value=_r(throttled, 1), peers=_r(peer_throttled, 1),
+                                     note="the rank's cgroup CPU quota holds it back"))
     if score:
         found.append((Cause.HOST_CPU, score, evidence))
     return found, measured

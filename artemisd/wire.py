@@ -148,6 +148,10 @@ class HostTelemetry(_Model):
     iowait_pct: NonNegative | None = None
     ctx_invol_per_s: NonNegative | None = None
     net_retransmits_per_s: NonNegative | None = None
+    # Extension of v1 (readers that do not know it ignore it): the share of
+    # wall time the rank's cgroup was held back by its CPU quota, summed over
+    # the cgroup's CPUs (cpu.stat throttled_time / throttled_usec).
+    cpu_throttled_pct: NonNegative | None = None
 
 
 class EnvFingerprint(_Model):

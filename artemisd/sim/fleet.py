@@ -237,8 +237,10 @@ def to_frame(model: JobModel, c: WindowColumns) -> WindowFrame:
     for column, (block, attr) in TELEMETRY_COLUMNS.items():
         if block == "gpu":
             telemetry[column] = getattr(t, attr).astype(np.float64) if spec.gpu_telemetry else np.full(world, np.nan)
-        else:
-            telemetry[column] = getattr(t, attr)[node_of] if spec.host_telemetry else np.full(world, np.nan)
+        elif spec.host_telemetry and hasattr(t, attr):
+            telemetry[column] = getattr(t, attr)[node_of]
+        else:  # not simulated (e.g. cgroup throttling): not measured, as in the reports
+            telemetry[column] = np.full(world, np.nan)
     throttle = t.throttle.astype(np.int64) if spec.gpu_telemetry else np.full(world, THROTTLE_UNMEASURED, np.int64)
     zeros = np.zeros(world, dtype=np.int32)
     collectives = {"world": float(np.median(c.world_coll_ms)) / c.steps}

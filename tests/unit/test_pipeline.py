@@ -268,3 +268,13 @@ def test_settings_change_the_thresholds():
     assert len(found) == 1
     _, found, _ = analyze(scenario(fault), settings=AnalysisSettings(min_slowdown=0.08))
     assert found == []
+
+
+def test_cgroup_cpu_quota_throttling_names_the_host():
+    def fault(seq, busy):
+        busy[3] *= 1.3
+        return {"host": {3: {"cpu_throttled_pct": 45.0}}}
+
+    _, [incident], _ = analyze(scenario(fault))
+    assert incident.rank == 3 and incident.cause is Cause.HOST_CPU
+    assert any(e.signal == "cpu_throttled_pct" and e.value == 45.0 for e in incident.evidence)

@@ -14,7 +14,7 @@ from artemisd.wire import WindowReport, parse_record
 HEALTHY_GPU = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "power_w": 600, "power_limit_w": 700,
                "default_power_limit_w": 700, "temp_c": 60, "util_pct": 97, "throttle": []}
 HEALTHY_HOST = {"cpu_pct": 100.0, "steal_pct": 0.0, "iowait_pct": 0.2, "ctx_invol_per_s": 5.0,
-                "net_retransmits_per_s": 0.0}
+                "net_retransmits_per_s": 0.0, "cpu_throttled_pct": 0.0}
 
 
 def lockstep(

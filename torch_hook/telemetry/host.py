@@ -1,5 +1,6 @@
-"""Host telemetry: this process's CPU use and preemption, the node's steal and
-iowait, and the node's TCP retransmits.
+"""Host telemetry: this process's CPU use and preemption, the share of time its
+cgroup's CPU quota held it back, the node's steal and iowait, and the node's
+TCP retransmits.
 
 Counters are cumulative; ``HostSampler.sample`` returns rates over the time
 since its previous call (one window).  ``psutil`` is used when importable;
@@ -30,6 +31,7 @@ class HostCounters:
     cpu_steal_s: float | None = None
     cpu_iowait_s: float | None = None
     tcp_retrans: int | None = None
+    cgroup_throttled_s: float | None = None
 
 
 def parse_snmp_retrans(text: str) -> int | None:
@@ -72,6 +74,40 @@ def parse_proc_self(stat_text: str, status_text: str) -> tuple[float | None, int
     return cpu, invol
 
 
+def cgroup_cpu_stat_path(proc_cgroup: str) -> str | None:
+    """Where this process's ``cpu.stat`` lives, from the text of /proc/self/cgroup.
+
+    cgroup v1 names the ``cpu`` controller's hierarchy (``3:cpu,cpuacct:/a/b``);
+    v2 has the single ``0::/a/b`` line.  The file is looked up again every
+    window, since a job's tasks may be moved between cgroups while they run.
+    """
+    v2 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1].split(","), parts[2]
+        if "cpu" in controllers:
+            for mount in (",".join(controllers), "cpu"):
+                candidate = f"/sys/fs/cgroup/{mount}{path.rstrip('/')}/cpu.stat"
+                if os.path.exists(candidate):
+                    return candidate
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = f"/sys/fs/cgroup{path.rstrip('/')}/cpu.stat"
+    return v2 if v2 and os.path.exists(v2) else None
+
+
+def parse_cpu_stat_throttled(text: str) -> float | None:
+    """Seconds the cgroup was throttled by its CPU quota (v1 ``throttled_time`` ns, v2 ``throttled_usec``)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "throttled_time":
+            return int(value) / 1e9
+        if key == "throttled_usec":
+            return int(value) / 1e6
+    return None
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="ascii", errors="replace") as handle:
@@ -108,7 +144,14 @@ def read_counters() -> HostCounters:
         if parsed:
             total, steal, iowait = parsed
     snmp = _read("/proc/net/snmp")
-    return HostCounters(now, proc_cpu, invol, total, steal, iowait, parse_snmp_retrans(snmp) if snmp else None)
+    throttled = None
+    cgroup = _read("/proc/self/cgroup")
+    stat_path = cgroup_cpu_stat_path(cgroup) if cgroup else None
+    cpu_stat = _read(stat_path) if stat_path else None
+    if cpu_stat:
+        throttled = parse_cpu_stat_throttled(cpu_stat)
+    return HostCounters(now, proc_cpu, invol, total, steal, iowait, parse_snmp_retrans(snmp) if snmp else None,
+                        throttled)
 
 
 def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
@@ -128,6 +171,9 @@ def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
                                 ("iowait_pct", cur.cpu_iowait_s, prev.cpu_iowait_s)):
                 if a is not None and b is not None:
                     out[field] = round(max(0.0, a - b) / span * 100.0, 3)
+    if cur.cgroup_throttled_s is not None and prev.cgroup_throttled_s is not None:
+        # Summed over the cgroup's CPUs, so it can exceed 100 on a multi-core quota.
+        out["cpu_throttled_pct"] = round(max(0.0, cur.cgroup_throttled_s - prev.cgroup_throttled_s) / dt * 100.0, 3)
     if cur.tcp_retrans is not None and prev.tcp_retrans is not None:
         out["net_retransmits_per_s"] = round(max(0, cur.tcp_retrans - prev.tcp_retrans) / dt, 3)
     return out
