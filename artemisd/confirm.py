@@ -150,11 +150,8 @@ def judge_probe(
     """Judge a matched probe's results for the suspect ranks (see module docstring)."""
     peers = [r for r in results if r not in suspects]
     subject = [r for r in results if r in suspects]
-    if not subject or not peers:
-        return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(
-            signal="missing", value="probe results",
-            note="the matched probe did not return results for the suspect and its peers"),))
     evidence: list[Evidence] = []
+    # No suspect ranks (a job-wide slowdown): only the links are in question.
     gemm_subject = _median([results[r].gemm_ms for r in subject if results[r].gemm_ms is not None])
     gemm_peers = _median([results[r].gemm_ms for r in peers if results[r].gemm_ms is not None])
     if np.isfinite(gemm_subject) and np.isfinite(gemm_peers) and gemm_peers > 0:
@@ -190,4 +187,5 @@ def judge_probe(
     if evidence:
         return ProbeJudgement(ProbeVerdict.NORMAL, tuple(evidence))
     return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(
-        signal="missing", value="probe timings", note="probe results carried no GEMM or ring timings"),))
+        signal="missing", value="probe timings",
+        note="the matched probe returned no comparable GEMM or cross-node ring timings"),))

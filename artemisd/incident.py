@@ -136,7 +136,13 @@ class Action(BaseModel):
 
 
 class Result(BaseModel):
-    """Useful throughput (samples/s of the whole job) before and after the action."""
+    """Useful throughput (samples/s of the whole job) before and after the action.
+
+    ``throughput_before`` is measured while the slowdown was in force, up to the
+    action; ``throughput_after`` over the windows after it.  ``recovered`` is
+    judged against the job's healthy throughput before the onset:
+    after >= RecoveryFraction x healthy (artemis.conf).
+    """
 
     model_config = ConfigDict(extra="forbid")
 

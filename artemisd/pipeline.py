@@ -437,8 +437,9 @@ class Analyzer:
                 subject["island"] = context["island"]
             incident = self._new_incident(state, kind, seq, streak.first_seq, **subject)
             watched = state.open[key] = _Open(incident, key, key)
-            if self.active_probe and key[0] in ("rank", "node"):
-                self._request_probe(state, watched, frame, context["rows"])
+            if self.active_probe and key[0] in ("rank", "node", "job"):
+                # A job-wide slowdown has no suspect rank; its probe is about the links.
+                self._request_probe(state, watched, frame, context.get("rows", np.array([], dtype=int)))
         watched.measures.append(measures())
         incident = watched.incident
         incident.flagged_window = seq
@@ -509,7 +510,8 @@ class Analyzer:
             if watched.probe_id is None or watched.probe_id not in state.probes:
                 continue
             results = state.probes.pop(watched.probe_id)
-            suspects = {int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
+            suspects = ({int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
+                        if watched.subject[0] in ("rank", "node") else set())
             watched.probe = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
             incident = watched.incident
             if incident.state is not IncidentState.SUSPECT:

@@ -816,8 +816,10 @@ class Daemon:
             verdict = verify.Verification(True, None, stored.baseline, None,
                                           f"no windows from job {inc.job} for {now - last_seen:.0f} s after the "
                                           f"action: recovery cannot be measured")
-        inc.result = Result(throughput_before=verdict.before, throughput_after=round(verdict.after, 3)
-                            if verdict.after is not None else None, recovered=verdict.recovered)
+        slowed = verify.during(series, inc.onset_window, stored.action_window)
+        inc.result = Result(throughput_before=round(slowed, 3) if slowed is not None else None,
+                            throughput_after=round(verdict.after, 3) if verdict.after is not None else None,
+                            recovered=verdict.recovered)
         if verdict.recovered:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", verdict.note, now=now)

@@ -9,6 +9,10 @@ single checkpoint or evaluation window does not decide the verdict.
 
     recovered  <=>  after >= RecoveryFraction x baseline
 
+The incident's ``result`` records ``throughput_before`` as the throughput
+*during* the slowdown, just before the action (``during``), and
+``throughput_after`` as above: the gain the action bought, side by side.
+
 Without a baseline (the job was slow from its first window) recovery cannot
 be judged; the verdict says so and the incident ends unresolved with that note.
 """
@@ -49,6 +53,16 @@ def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
     before = [value for seq, value in series if onset_window is None or seq < onset_window]
     before = before[-depth:]
     return float(np.median(before)) if before else None
+
+
+def during(series: Sequence[tuple[int, float]], onset_window: int | None,
+           action_window: int | None) -> float | None:
+    """Median throughput while the slowdown was in force: from its onset to the action."""
+    if onset_window is None:
+        return None
+    values = [value for seq, value in series
+              if seq >= onset_window and (action_window is None or seq <= action_window)]
+    return float(np.median(values)) if values else None
 
 
 def verify(before: float | None, after: Sequence[float], need: int, fraction: float) -> Verification:

@@ -81,3 +81,10 @@ def test_normal_on_identical_work_points_at_host_or_input():
 
 def test_missing_results_are_incomplete_not_a_verdict():
     assert judge_probe({2: probe("P", 10)}, {2}, NODES, 0.04).verdict is ProbeVerdict.INCOMPLETE
+
+
+def test_job_wide_slowdown_probe_judges_the_links_alone():
+    results = {0: probe("P", 10, [(1, 5.0)]), 1: probe("P", 10, [(2, 20.0)]),
+               2: probe("P", 10, [(3, 21.0)]), 3: probe("P", 10, [(0, 5.1)])}
+    judgement = judge_probe(results, set(), NODES, 0.04)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n2"

@@ -31,3 +31,12 @@ def test_one_outlier_window_does_not_decide():
 def test_no_baseline_cannot_be_judged():
     v = verify(None, [300.0, 300.0], 2, 0.95)
     assert v.done and v.recovered is None and "cannot be judged" in v.note
+
+
+def test_during_is_the_throughput_while_the_slowdown_was_in_force():
+    from artemisd.verify import during
+
+    series = [(0, 100.0), (1, 101.0), (2, 70.0), (3, 72.0), (4, 71.0), (5, 99.0)]
+    assert during(series, onset_window=2, action_window=4) == 71.0
+    assert during(series, onset_window=2, action_window=None) == 71.5
+    assert during(series, onset_window=None, action_window=4) is None
