@@ -36,9 +36,9 @@ import numpy as np
 from artemisd import detect
 from artemisd.baseline import JobHistory, JobSummary, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
-from artemisd.confirm import Persistence, ProbeJudgement, Verdict, judge_probe
+from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, judge_probe
 from artemisd.frame import WindowFrame
-from artemisd.incident import Incident, IncidentKind, IncidentState
+from artemisd.incident import Cause, Incident, IncidentKind, IncidentState
 from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
@@ -514,9 +514,19 @@ class Analyzer:
                         if watched.subject[0] in ("rank", "node") else set())
             watched.probe = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
             incident = watched.incident
-            if incident.state is not IncidentState.SUSPECT:
-                incident.evidence = incident.evidence + list(watched.probe.evidence)
-                changed[incident.id] = incident
+            if incident.state is IncidentState.SUSPECT:
+                continue  # the verdict is used when the incident is confirmed
+            if (incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK
+                    and watched.probe.node):
+                # Confirmed before the probe came back, with no node to name:
+                # the matched ring has now found the link.
+                node = watched.probe.node
+                incident.kind, incident.cause, incident.confidence = IncidentKind.LINK, Cause.COMM_LINK, 0.85
+                incident.node = incident.link = node
+                incident.evidence = [e for e in incident.evidence if e.signal != "missing"]
+                incident.action = propose(incident.kind, incident.cause, node, incident.job)
+            incident.evidence = incident.evidence + list(watched.probe.evidence)
+            changed[incident.id] = incident
 
     # -- change regressions -------------------------------------------------------
 

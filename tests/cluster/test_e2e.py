@@ -150,9 +150,6 @@ def test_a_node_a_person_drained_is_never_touched(
     assert "drain" in slurm_cluster.node_info()[node]["state"]
 
 
-@pytest.mark.xfail(reason="link localisation is not reliable yet: with tbf on n2 the daemon has "
-                   "named link=n3 (the downstream peer) or stayed at a job-level 'unknown' "
-                   "incident when no matched probe ran", strict=False)
 def test_degraded_link_is_localised_to_the_node(
         slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
     if slurm_cluster.network != "netns":

@@ -278,3 +278,29 @@ def test_cgroup_cpu_quota_throttling_names_the_host():
     _, [incident], _ = analyze(scenario(fault))
     assert incident.rank == 3 and incident.cause is Cause.HOST_CPU
     assert any(e.signal == "cpu_throttled_pct" and e.value == 45.0 for e in incident.evidence)
+
+
+def test_job_wide_slowdown_becomes_a_link_incident_when_the_matched_probe_finds_the_link():
+    analyzer = Analyzer(active_probe=True)
+    rng = random.Random(11)
+    incident = None
+    request = None
+    for seq in range(16):
+        reports = lockstep(seq, noisy(rng), comm_ms=40.0 if seq >= 6 else 20.0, telemetry=False)
+        if request is None:
+            request = next(iter(analyzer.pending_probes()), None)
+        elif seq == 12:
+            # Ring pairs (0,1) (1,2) (2,3) ... over nodes n0..n3: pairs touching n2 are slow.
+            node_of = [r.node for r in reports]
+            reports = [parse_record({**r.model_dump(exclude_none=True), "probe": ProbeResult(
+                id=request.id, gemm_ms=10.0, p2p=[{"peer": (r.rank + 1) % 8, "node": node_of[(r.rank + 1) % 8],
+                                                   "ms": 30.0 if "n2" in (r.node, node_of[(r.rank + 1) % 8])
+                                                   else 5.0}]).model_dump()}) for r in reports]
+        for r in reports:
+            for update in analyzer.ingest(r):
+                incident = update
+    assert request is not None and request.ranks == ()
+    assert (incident.kind, incident.cause, incident.node) == (IncidentKind.LINK, Cause.COMM_LINK, "n2")
+    assert any(e.signal == "probe.p2p_ms" for e in incident.evidence)
+    assert not any(e.signal == "missing" for e in incident.evidence)
+    assert incident.action.kind == "drain" and incident.action.target == "n2"
