@@ -163,27 +163,31 @@ def judge_probe(
         ))
         if slow_gemm:
             return ProbeJudgement(ProbeVerdict.DEVICE, tuple(evidence))
-    # Ring pairs: attribute each timed round trip between two nodes to both
-    # nodes; the node whose transfers are slow is the common end of the slow
-    # links.  A pair within one node crosses no network link: left out.
-    per_node: dict[str, list[float]] = {}
+    # Ring pairs between two nodes: a node is the common end of the slow links
+    # when the pairs touching it are slow and the pairs that do not touch it are
+    # not.  (A pair within one node crosses no network link: left out.)
+    hops: list[tuple[frozenset[str], float]] = []
     for rank, result in results.items():
         for hop in result.p2p:
             ends = {node_of.get(rank), hop.node or node_of.get(hop.peer)}
-            if None in ends or len(ends) < 2:
-                continue
-            for node in ends:
-                per_node.setdefault(node, []).append(hop.ms)
-    if len(per_node) >= 3:
-        medians = {n: _median(v) for n, v in per_node.items()}
-        overall = _median(list(medians.values()))
-        worst = max(medians, key=medians.get)
-        others = _median([v for n, v in medians.items() if n != worst])
-        if overall > 0 and medians[worst] / max(others, 1e-9) >= 1.0 + 2 * slowdown:
-            evidence.append(Evidence(
-                signal="probe.p2p_ms", value=round(medians[worst], 3), peers=round(others, 3),
-                note=f"ring transfers touching {worst} are slow: its link"))
-            return ProbeJudgement(ProbeVerdict.LINK, tuple(evidence), node=worst)
+            if None not in ends and len(ends) == 2:
+                hops.append((frozenset(ends), hop.ms))
+    nodes = set().union(*(ends for ends, _ in hops)) if hops else set()
+    if len(nodes) >= 3:
+        contrast = {}
+        for node in nodes:
+            touching = _median([ms for ends, ms in hops if node in ends])
+            elsewhere = _median([ms for ends, ms in hops if node not in ends])
+            if np.isfinite(touching) and np.isfinite(elsewhere) and elsewhere > 0:
+                contrast[node] = (touching / elsewhere, touching, elsewhere)
+        if contrast:
+            worst = max(contrast, key=lambda n: contrast[n][0])
+            factor, touching, elsewhere = contrast[worst]
+            if factor >= 1.0 + 2 * slowdown:
+                evidence.append(Evidence(
+                    signal="probe.p2p_ms", value=round(touching, 3), peers=round(elsewhere, 3),
+                    note=f"ring transfers touching {worst} are {factor:.1f}x slower than the others: its link"))
+                return ProbeJudgement(ProbeVerdict.LINK, tuple(evidence), node=worst)
     if evidence:
         return ProbeJudgement(ProbeVerdict.NORMAL, tuple(evidence))
     return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(

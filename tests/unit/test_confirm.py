@@ -88,3 +88,10 @@ def test_job_wide_slowdown_probe_judges_the_links_alone():
                2: probe("P", 10, [(3, 21.0)]), 3: probe("P", 10, [(0, 5.1)])}
     judgement = judge_probe(results, set(), NODES, 0.04)
     assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n2"
+
+
+def test_link_on_a_three_node_ring():
+    # Pairs (0,1) n0-n1, (1,2) n1-n2, (2,0) n2-n0: n1's link is slow.
+    results = {0: probe("P", 10, [(1, 200.0)]), 1: probe("P", 10, [(2, 210.0)]), 2: probe("P", 10, [(0, 1.0)])}
+    judgement = judge_probe(results, set(), {0: "n0", 1: "n1", 2: "n2"}, 0.5)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"
