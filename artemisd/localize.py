@@ -20,8 +20,11 @@ Rules, strongest first (confidence in brackets):
   with no reason given → ``gpu.clocks`` [0.8].
 * host — CPU steal, cgroup CPU-quota throttling, involuntary context switches
   or process CPU share clearly off the peers' → ``host.cpu`` [0.7–0.8].
-* matched probe — identical GEMM slow → GPU class; identical work at peer
-  speed → host/input class (raises or lowers the above).
+* matched probe — identical GEMM slow → GPU class only (+0.1); identical
+  work at peer speed → GPU readings below 0.85 −0.1, and host/input +0.05
+  unless a device names a hardware throttle reason (≥ 0.85), which keeps
+  precedence: a short probe can slip through a throttle a whole training
+  step cannot.
 """
 
 from __future__ import annotations
@@ -259,8 +262,15 @@ def diagnose_straggler(
             candidates = [(c, min(1.0, conf + 0.1), ev) for c, conf, ev in candidates
                           if c.value.startswith("gpu.")] or [(Cause.GPU_CLOCKS, 0.6, [])]
         elif probe.verdict is ProbeVerdict.NORMAL:
-            candidates = [(c, min(1.0, conf + 0.1), ev) for c, conf, ev in candidates
-                          if not c.value.startswith("gpu.")] or [(Cause.HOST_CPU, 0.55, [])]
+            # Identical work ran at peer speed: host or input is likelier.  But a
+            # short probe GEMM can slip through a throttle that a whole training
+            # step cannot (a CPU quota, a clock that drops under sustained load),
+            # so a device that names a hardware reason (confidence >= 0.85) keeps
+            # its say; weaker GPU readings step back.
+            hardware_named = any(c.value.startswith("gpu.") and conf >= 0.85 for c, conf, _ in candidates)
+            candidates = [(c, conf - 0.1 if conf < 0.85 else conf, ev) if c.value.startswith("gpu.")
+                          else (c, conf if hardware_named else min(1.0, conf + 0.05), ev)
+                          for c, conf, ev in candidates] or [(Cause.HOST_CPU, 0.55, [])]
 
     if not data_measured:
         missing.append("ms.data (data-loader wait)")
