@@ -58,10 +58,12 @@ def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
 def during(series: Sequence[tuple[int, float]], onset_window: int | None,
            action_window: int | None) -> float | None:
     """Median throughput while the slowdown was in force: from its onset to the action."""
-    if onset_window is None:
-        return None
-    values = [value for seq, value in series
-              if seq >= onset_window and (action_window is None or seq <= action_window)]
+    upto = [(seq, value) for seq, value in series if action_window is None or seq <= action_window]
+    values = [value for seq, value in upto if onset_window is not None and seq >= onset_window]
+    if not values:
+        # The windows between onset and action are no longer (or not yet) in the
+        # series: the last windows before the action stand for them.
+        values = [value for _, value in upto[-3:]]
     return float(np.median(values)) if values else None
 
 
