@@ -39,6 +39,6 @@ def test_during_is_the_throughput_while_the_slowdown_was_in_force():
     series = [(0, 100.0), (1, 101.0), (2, 70.0), (3, 72.0), (4, 71.0), (5, 99.0)]
     assert during(series, onset_window=2, action_window=4) == 71.0
     assert during(series, onset_window=2, action_window=None) == 71.5
-    assert during(series, onset_window=None, action_window=4) == 72.0  # the last windows before the action
-    assert during(series, onset_window=9, action_window=4) == 72.0
+    assert during(series, onset_window=None, action_window=4) == 71.0  # the last windows before the action
+    assert during(series, onset_window=9, action_window=4) == 71.0
     assert during([], onset_window=2, action_window=4) is None
