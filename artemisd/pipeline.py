@@ -45,7 +45,9 @@ from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
 LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer arrives
 THROUGHPUT_DEPTH = 512  # windows of job throughput kept for verification
-STRAGGLER_SLACK = 1.5  # a step rise up to 1.5x the stragglers' excess is theirs
+STRAGGLER_SLACK = 3.0  # a step rise up to 3x the stragglers' excess is theirs: a straggler that is slow
+# at everything (CPU starved, say) is also slow in its collectives, so the step rises
+# by more than its busy excess
 
 
 @dataclass(frozen=True)
