@@ -104,9 +104,10 @@ class _LazyPeers:
 
     EXACT_PEERS_BELOW = 256
 
-    def __init__(self, frame: WindowFrame, subject_rows: np.ndarray):
+    def __init__(self, frame: WindowFrame, subject_rows: np.ndarray, island_size: int):
         self.frame = frame
         self.subject_rows = subject_rows
+        self.island_size = island_size
         self._rows: np.ndarray | None = None
 
     @property
@@ -119,11 +120,8 @@ class _LazyPeers:
         return self._rows
 
     def median_busy(self, flags: detect.RankFlags) -> float:
-        row = int(self.subject_rows[0])
-        size = int(np.count_nonzero(self.frame.island == self.frame.island[row])) \
-            if len(self.frame.island_names) > 1 else self.frame.size
-        if size >= self.EXACT_PEERS_BELOW:
-            return float(flags.island_median[row])
+        if self.island_size >= self.EXACT_PEERS_BELOW:
+            return float(flags.island_median[int(self.subject_rows[0])])
         peers = self.rows
         return float(np.median(self.frame.busy[peers])) if peers.size else float("nan")
 
@@ -290,7 +288,7 @@ class Analyzer:
             inconclusive.add(("job",))
         change = None
         if job_flag is None:
-            change = self._change_check(state, frame, summary, straggler_ms)
+            change = self._change_check(state, frame, summary, conditions, straggler_ms)
             if change is None and straggler_ms > 0:
                 inconclusive.add(("change",))
 
@@ -299,7 +297,7 @@ class Analyzer:
         for key, subject_rows in subjects.items():
             flagged_keys.add(key)
             island = frame.island_names[int(frame.island[subject_rows[0]])]
-            peers = _LazyPeers(frame, subject_rows)
+            peers = _LazyPeers(frame, subject_rows, int(counts[frame.island[subject_rows[0]]]))
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
             strict = baseline is None or bool(np.isnan(baseline.usual_ratio[frame.rank[subject_rows]]).any())
@@ -565,9 +563,7 @@ class Analyzer:
                                       h.median("comm_wait"), state.job, len(h.healthy)))
 
     def _change_check(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
-                      straggler_ms: float) -> tuple[WorkloadReference, float] | None:
-        counts = np.bincount(frame.island, minlength=len(frame.island_names))
-        conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
+                      conditions: Hashable, straggler_ms: float) -> tuple[WorkloadReference, float] | None:
         refs = [r for r in self._references.get(self._workload(state, frame, conditions), []) if r.job != state.job]
         if not refs:
             return None
