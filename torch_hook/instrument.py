@@ -23,6 +23,7 @@ itself propagate unchanged.  ``uninstall()`` restores every original.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
@@ -282,8 +283,12 @@ class Instrumentation:
         init, register, builtin = DDP.__init__, DDP.register_comm_hook, DDP._register_builtin_comm_hook
         inst = self
 
-        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
-            init(module, *args, **kwargs)
+        # ``self`` positional-only: callers pass ``module=`` by keyword
+        # (Lightning does), which must reach DDP's own ``module`` parameter.
+        @functools.wraps(init)
+        def __init__(self: Any, /, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            module = self
             try:
                 holder: list[Any] = []
 
@@ -302,15 +307,16 @@ class Instrumentation:
             except Exception as err:  # noqa: BLE001
                 inst.fault(err)
 
-        def register_comm_hook(module: Any, state: object, hook: Callable[..., Any]) -> None:
-            module._artemis_comm_hook = True
-            register(module, state, inst.timed_comm_hook(hook, state))
+        @functools.wraps(register)
+        def register_comm_hook(self: Any, /, state: object, hook: Callable[..., Any]) -> None:
+            self._artemis_comm_hook = True
+            register(self, state, inst.timed_comm_hook(hook, state))
 
-        def _register_builtin_comm_hook(module: Any, comm_hook_type: Any) -> None:
-            module._artemis_comm_hook = True  # C++ hook: not timed, but never displaced
-            builtin(module, comm_hook_type)
+        @functools.wraps(builtin)
+        def _register_builtin_comm_hook(self: Any, /, comm_hook_type: Any) -> None:
+            self._artemis_comm_hook = True  # C++ hook: not timed, but never displaced
+            builtin(self, comm_hook_type)
 
-        __init__.__wrapped__ = init  # type: ignore[attr-defined]
         self._set(DDP, "__init__", __init__)
         self._set(DDP, "register_comm_hook", register_comm_hook)
         self._set(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)
