@@ -14,6 +14,13 @@ peers in the windows that confirmed it:
                  long every other rank waits for the subject at each step.
 * ``loss_pct``   100 * excess_ms / step_ms: the share of the whole job's
                  throughput lost to the subject.
+* ``measured_loss_pct``  (additive) 100 * (1 - slowed / healthy): the share
+                 of the job's samples/s actually lost, from the job's own
+                 throughput (``verify.measured_loss``): healthy = median of the
+                 last windows before the onset, slowed = median from the onset
+                 to confirmation.  When it and ``loss_pct`` disagree by more
+                 than ``verify.LOSS_TOLERANCE_PCT`` points, a ``samples_per_s``
+                 evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
                  the configured floor the cause is reported as ``unknown``.
 """
@@ -136,16 +143,25 @@ class Action(BaseModel):
 
 
 class Result(BaseModel):
-    """Useful throughput (samples/s of the whole job) before and after the action.
+    """Useful throughput (samples/s of the whole job): healthy, slowed, after the action.
 
-    ``throughput_before`` is measured while the slowdown was in force, up to the
-    action; ``throughput_after`` over the windows after it.  ``recovered`` is
-    judged against the job's healthy throughput before the onset:
-    after >= RecoveryFraction x healthy (artemis.conf).
+    One definition of each, used by every view (``artemis show``, audit, mail):
+
+    * ``throughput_healthy`` (additive): the job's healthy throughput, median of
+      its last windows before the onset (``verify.baseline``);
+    * ``throughput_before``: the *slowed* throughput, median from the onset up
+      to the action (``verify.during``), frozen when the action completes;
+    * ``throughput_after``: median of ``VerifyWindows`` steady windows after the
+      action (``verify.verify``).
+
+    ``recovered`` <=> after >= RecoveryFraction x healthy (artemis.conf).  The
+    result is set (after and recovered still null) once the action completes,
+    and completed by verification.
     """
 
     model_config = ConfigDict(extra="forbid")
 
+    throughput_healthy: float | None = None
     throughput_before: float | None = None
     throughput_after: float | None = None
     recovered: bool | None = None
@@ -168,6 +184,7 @@ class Incident(BaseModel):
     ratio: float | None = None
     excess_ms: float | None = None
     loss_pct: float | None = None
+    measured_loss_pct: float | None = None
     cause: Cause = Cause.UNKNOWN
     confidence: float = Field(default=0.0, ge=0.0, le=1.0)
     evidence: list[Evidence] = Field(default_factory=list)

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from artemisd import detect
+from artemisd import detect, verify
 from artemisd.baseline import JobHistory, JobSummary, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, judge_probe
 from artemisd.frame import WindowFrame
-from artemisd.incident import Cause, Incident, IncidentKind, IncidentState
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
@@ -467,6 +467,12 @@ class Analyzer:
         incident.cause = diagnosis.cause
         incident.confidence = diagnosis.confidence
         incident.evidence = list(diagnosis.evidence)
+        healthy = verify.baseline(state.throughput, incident.onset_window)
+        slowed = verify.during(state.throughput, incident.onset_window, seq)
+        incident.measured_loss_pct = verify.measured_loss(healthy, slowed)
+        disagreement = verify.loss_evidence(incident.loss_pct, healthy, slowed)
+        if disagreement is not None:
+            incident.evidence.append(Evidence(**disagreement))
         incident.confirmed_window = seq
         incident.action = propose(incident.kind, incident.cause, incident.node, incident.job)
         incident.advance(IncidentState.CONFIRMED)

@@ -103,6 +103,10 @@ def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
     return out
 
 
+def _rounded(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
 def subject_of(inc: Incident) -> str:
     return "|".join(str(x) for x in (inc.job, inc.kind.value, inc.rank, inc.node, inc.link, inc.island))
 
@@ -334,6 +338,9 @@ class Daemon:
             return
         for stored in self.store.incidents(states=[S.VERIFYING, S.ACTING]):
             if stored.job == job and (stored.step or "0") == old_key:
+                inc = Incident.model_validate(stored.body)
+                self._freeze_slowed(stored, inc)
+                stored.body = inc.contract_dict()
                 stored.step = new_key
                 stored.action_window = None
                 self.store.save_incident(stored)
@@ -605,7 +612,9 @@ class Daemon:
         lines = [f"Incident {inc.id} on job {inc.job}: {headline}.", "",
                  f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
                  f"where: {self._where(inc)}",
-                 f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput",
+                 f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput "
+                 f"(loss_pct: the subject's excess per step)",
+                 f"measured: the job's samples/s {inc.measured_loss_pct} % below healthy (measured_loss_pct)",
                  "", "evidence:"]
         lines += [f"  {e.signal}: {e.value} (peers {e.peers}) {e.note}" for e in inc.evidence]
         if recommended:
@@ -768,6 +777,7 @@ class Daemon:
             if inc.action is not None:
                 inc.action.status = "done"
             stored.action_window = self._last_window(inc, stored)
+            self._freeze_slowed(stored, inc)
             inc.advance(S.VERIFYING)
             self._save(stored, inc)
             return
@@ -795,6 +805,20 @@ class Daemon:
         self._queue_escalate(stored, inc, f"drained {inc.node}; the job still runs on it and needs a restart "
                              f"({why})", [], now)
 
+    def _freeze_slowed(self, stored: StoredIncident, inc: Incident) -> None:
+        """Record the healthy and the slowed throughput once, from the run the fault was seen in.
+
+        After a requeue the job's windows are another run's: the slowed
+        throughput must come from the first run, so it is taken when the action
+        completes (or when the job restarts, if that is seen first), never
+        recomputed later.
+        """
+        if inc.result is not None and inc.result.throughput_before is not None:
+            return
+        series = self.analyzer.throughput(inc.job, stored.step or "0")
+        slowed = verify.during(series, inc.onset_window, stored.action_window)
+        inc.result = Result(throughput_healthy=_rounded(stored.baseline), throughput_before=_rounded(slowed))
+
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
         series = self.analyzer.throughput(inc.job, stored.step or "0")
         return series[-1][0] if series else None
@@ -816,10 +840,9 @@ class Daemon:
             verdict = verify.Verification(True, None, stored.baseline, None,
                                           f"no windows from job {inc.job} for {now - last_seen:.0f} s after the "
                                           f"action: recovery cannot be measured")
-        slowed = verify.during(series, inc.onset_window, stored.action_window)
-        inc.result = Result(throughput_before=round(slowed, 3) if slowed is not None else None,
-                            throughput_after=round(verdict.after, 3) if verdict.after is not None else None,
-                            recovered=verdict.recovered)
+        self._freeze_slowed(stored, inc)
+        inc.result = (inc.result or Result()).model_copy(update={"throughput_after": _rounded(verdict.after),
+                                                   "recovered": verdict.recovered})
         if verdict.recovered:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", verdict.note, now=now)

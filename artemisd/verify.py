@@ -25,6 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 BASELINE_WINDOWS = 10
+# loss_pct (the subject's busy excess per step) and the measured loss of the
+# job's samples/s are two measures of one cost; past this many points apart
+# the incident says why (``loss_evidence``).
+LOSS_TOLERANCE_PCT = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,15 @@ def window_throughput(samples: Sequence[float | None], seconds: Sequence[float])
     return float(sum(counted) / float(np.median(spans)))
 
 
+def _measured(series: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Windows whose throughput was measured (NaN: no rank counted samples)."""
+    return [(seq, value) for seq, value in series if value is not None and np.isfinite(value)]
+
+
 def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
              depth: int = BASELINE_WINDOWS) -> float | None:
     """Median throughput of the last ``depth`` windows before ``onset_window``."""
-    before = [value for seq, value in series if onset_window is None or seq < onset_window]
+    before = [value for seq, value in _measured(series) if onset_window is None or seq < onset_window]
     before = before[-depth:]
     return float(np.median(before)) if before else None
 
@@ -58,7 +67,7 @@ def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
 def during(series: Sequence[tuple[int, float]], onset_window: int | None,
            action_window: int | None) -> float | None:
     """Median throughput while the slowdown was in force: from its onset to the action."""
-    upto = [(seq, value) for seq, value in series if action_window is None or seq <= action_window]
+    upto = [(seq, value) for seq, value in _measured(series) if action_window is None or seq <= action_window]
     values = [value for seq, value in upto if onset_window is not None and seq >= onset_window]
     if not values:
         # The windows between onset and action are no longer (or not yet) in the
@@ -67,7 +76,36 @@ def during(series: Sequence[tuple[int, float]], onset_window: int | None,
     return float(np.median(values)) if values else None
 
 
+def measured_loss(healthy: float | None, slowed: float | None) -> float | None:
+    """100 * (1 - slowed / healthy): the share of the job's samples/s lost, in 0..100.
+
+    A slowed throughput at or above the healthy one is a loss of 0 (the job did
+    not measurably lose samples/s); the evidence line shows both numbers, so
+    nothing is hidden by the floor.
+    """
+    if healthy is None or slowed is None or healthy <= 0:
+        return None
+    return round(100.0 * max(0.0, 1.0 - slowed / healthy), 2)
+
+
+def loss_evidence(loss_pct: float | None, healthy: float | None, slowed: float | None) -> dict | None:
+    """The ``samples_per_s`` evidence line when the measured loss and ``loss_pct`` disagree (else None)."""
+    measured = measured_loss(healthy, slowed)
+    if measured is None or loss_pct is None or abs(measured - loss_pct) <= LOSS_TOLERANCE_PCT:
+        return None
+    if measured > loss_pct:
+        why = (f"the job's samples/s fell {measured:.1f} %, more than the subject's busy excess per step "
+               f"explains ({loss_pct:.1f} %): the other ranks' own work or collectives slowed too "
+               f"(a shared host, a slower network path)")
+    else:
+        why = (f"the job's samples/s fell only {measured:.1f} %, less than the subject's busy excess per step "
+               f"({loss_pct:.1f} %): the others overlap part of the wait with their own work")
+    return {"signal": "samples_per_s", "value": round(slowed, 1), "peers": round(healthy, 1),
+            "note": f"job throughput slowed vs healthy; {why}"}
+
+
 def verify(before: float | None, after: Sequence[float], need: int, fraction: float) -> Verification:
+    """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action."""
     if len(after) < need:
         return Verification(False, before=before,
                             note=f"{len(after)} of {need} windows measured after the action")
@@ -77,5 +115,5 @@ def verify(before: float | None, after: Sequence[float], need: int, fraction: fl
                             "no healthy baseline before the incident: recovery cannot be judged")
     recovered = measured >= fraction * before
     return Verification(True, recovered, before, measured,
-                        f"throughput {measured:.1f} samples/s after vs {before:.1f} before "
+                        f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
                         f"({100.0 * measured / before:.0f} %, recovery needs {100.0 * fraction:.0f} %)")

@@ -148,9 +148,9 @@ class HostTelemetry(_Model):
     iowait_pct: NonNegative | None = None
     ctx_invol_per_s: NonNegative | None = None
     net_retransmits_per_s: NonNegative | None = None
-    # Extension of v1 (readers that do not know it ignore it): the share of
-    # wall time the rank's cgroup was held back by its CPU quota, summed over
-    # the cgroup's CPUs (cpu.stat throttled_time / throttled_usec).
+    # Extension of v1 (readers that do not know it ignore it): the share of the
+    # rank's cgroup CPU-quota periods in the window whose quota ran out
+    # (cpu.stat nr_throttled / nr_periods), 0..100; 0 without a quota.
     cpu_throttled_pct: NonNegative | None = None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
-from artemisd.incident import Incident
+from artemisd.incident import Incident, Result
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
 TIMEOUT_S = 30.0
@@ -124,10 +124,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         inc = Incident.model_validate(data["incident"])
         print(format_table([inc]))
+        if inc.loss_pct is not None or inc.measured_loss_pct is not None:
+            print(f"\nloss: {inc.loss_pct} % of throughput from the subject's excess per step; "
+                  f"measured {inc.measured_loss_pct} % from the job's samples/s against healthy")
         result = inc.result
         if result is not None:
-            print(f"\nthroughput before {result.throughput_before} samples/s, after {result.throughput_after}, "
-                  f"recovered {result.recovered}")
+            print("\n" + format_result(result))
         if data["actions"]:
             print("\nactions:")
             for a in data["actions"]:
@@ -142,6 +144,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         plot_timeline(windows, args.plot)
         print(f"\nwrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def format_result(result: Result) -> str:
+    """The job's throughput as every view names it: healthy, slowed (up to the action), after."""
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    line = (f"throughput (samples/s): healthy {num(result.throughput_healthy)}, "
+            f"slowed {num(result.throughput_before)}, after {num(result.throughput_after)}")
+    if result.throughput_after is not None and result.throughput_healthy:
+        line += f" ({100.0 * result.throughput_after / result.throughput_healthy:.0f} % of healthy)"
+    return line + f"; recovered {'not yet judged' if result.recovered is None and result.throughput_after is None else result.recovered}"
 
 
 def plot_timeline(data: dict[str, Any], path: str) -> None:

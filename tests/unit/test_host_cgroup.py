@@ -3,17 +3,17 @@
 import pytest
 
 from torch_hook.telemetry import host
-from torch_hook.telemetry.host import HostCounters, host_block, parse_cpu_stat_throttled
+from torch_hook.telemetry.host import HostCounters, host_block, parse_cpu_stat_periods
 
 V1_STAT = "nr_periods 1200\nnr_throttled 900\nthrottled_time 6500000000\nnr_bursts 0\nburst_time 0\n"
 V2_STAT = "usage_usec 9000000\nuser_usec 8000000\nsystem_usec 1000000\nnr_periods 100\nnr_throttled 40\n" \
           "throttled_usec 2500000\n"
 
 
-def test_throttled_time_from_v1_and_v2_cpu_stat():
-    assert parse_cpu_stat_throttled(V1_STAT) == 6.5
-    assert parse_cpu_stat_throttled(V2_STAT) == 2.5
-    assert parse_cpu_stat_throttled("usage_usec 1\n") is None
+def test_quota_periods_from_v1_and_v2_cpu_stat():
+    assert parse_cpu_stat_periods(V1_STAT) == (1200, 900)
+    assert parse_cpu_stat_periods(V2_STAT) == (100, 40)
+    assert parse_cpu_stat_periods("usage_usec 1\n") is None
 
 
 def test_cpu_stat_path_follows_the_cpu_controller(tmp_path, monkeypatch):
@@ -31,7 +31,7 @@ def test_cpu_stat_path_follows_the_cpu_controller(tmp_path, monkeypatch):
 
 
 def test_throttled_share_of_the_window():
-    before = HostCounters(wall_s=100.0, cgroup_throttled_s=6.5)
-    after = HostCounters(wall_s=110.0, cgroup_throttled_s=9.0)
+    before = HostCounters(wall_s=100.0, cgroup_periods=1200, cgroup_throttled_periods=900)
+    after = HostCounters(wall_s=110.0, cgroup_periods=2200, cgroup_throttled_periods=1150)
     assert host_block(before, after)["cpu_throttled_pct"] == pytest.approx(25.0)
     assert "cpu_throttled_pct" not in host_block(HostCounters(wall_s=1.0), HostCounters(wall_s=2.0))

@@ -1,6 +1,6 @@
-"""Host telemetry: this process's CPU use and preemption, the share of time its
-cgroup's CPU quota held it back, the node's steal and iowait, and the node's
-TCP retransmits.
+"""Host telemetry: this process's CPU use and preemption, how often its cgroup's
+CPU quota held it back, the node's steal and iowait, and the node's TCP
+retransmits.
 
 Counters are cumulative; ``HostSampler.sample`` returns rates over the time
 since its previous call (one window).  ``psutil`` is used when importable;
@@ -31,7 +31,8 @@ class HostCounters:
     cpu_steal_s: float | None = None
     cpu_iowait_s: float | None = None
     tcp_retrans: int | None = None
-    cgroup_throttled_s: float | None = None
+    cgroup_periods: int | None = None  # CPU-quota enforcement periods elapsed (cpu.stat nr_periods)
+    cgroup_throttled_periods: int | None = None  # periods in which the quota ran out (nr_throttled)
 
 
 def parse_snmp_retrans(text: str) -> int | None:
@@ -97,15 +98,16 @@ def cgroup_cpu_stat_path(proc_cgroup: str) -> str | None:
     return v2 if v2 and os.path.exists(v2) else None
 
 
-def parse_cpu_stat_throttled(text: str) -> float | None:
-    """Seconds the cgroup was throttled by its CPU quota (v1 ``throttled_time`` ns, v2 ``throttled_usec``)."""
+def parse_cpu_stat_periods(text: str) -> tuple[int, int] | None:
+    """(quota periods, throttled periods) from cpu.stat (``nr_periods``, ``nr_throttled``; v1 and v2)."""
+    values: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if key == "throttled_time":
-            return int(value) / 1e9
-        if key == "throttled_usec":
-            return int(value) / 1e6
-    return None
+        if key in ("nr_periods", "nr_throttled"):
+            values[key] = int(value)
+    if len(values) < 2:
+        return None
+    return values["nr_periods"], values["nr_throttled"]
 
 
 def _read(path: str) -> str | None:
@@ -144,14 +146,14 @@ def read_counters() -> HostCounters:
         if parsed:
             total, steal, iowait = parsed
     snmp = _read("/proc/net/snmp")
-    throttled = None
+    periods = None
     cgroup = _read("/proc/self/cgroup")
     stat_path = cgroup_cpu_stat_path(cgroup) if cgroup else None
     cpu_stat = _read(stat_path) if stat_path else None
     if cpu_stat:
-        throttled = parse_cpu_stat_throttled(cpu_stat)
+        periods = parse_cpu_stat_periods(cpu_stat)
     return HostCounters(now, proc_cpu, invol, total, steal, iowait, parse_snmp_retrans(snmp) if snmp else None,
-                        throttled)
+                        *(periods or (None, None)))
 
 
 def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
@@ -171,9 +173,18 @@ def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
                                 ("iowait_pct", cur.cpu_iowait_s, prev.cpu_iowait_s)):
                 if a is not None and b is not None:
                     out[field] = round(max(0.0, a - b) / span * 100.0, 3)
-    if cur.cgroup_throttled_s is not None and prev.cgroup_throttled_s is not None:
-        # Summed over the cgroup's CPUs, so it can exceed 100 on a multi-core quota.
-        out["cpu_throttled_pct"] = round(max(0.0, cur.cgroup_throttled_s - prev.cgroup_throttled_s) / dt * 100.0, 3)
+    if None not in (cur.cgroup_periods, prev.cgroup_periods, cur.cgroup_throttled_periods,
+                    prev.cgroup_throttled_periods):
+        # Per quota period, not per second of throttled time: cpu.stat sums the
+        # throttled time over the cgroup's CPUs, which reads as 159 % on a
+        # two-CPU quota.  The share of periods whose quota ran out is 0..100.
+        periods = cur.cgroup_periods - prev.cgroup_periods  # type: ignore[operator]
+        throttled = cur.cgroup_throttled_periods - prev.cgroup_throttled_periods  # type: ignore[operator]
+        # A task moved to another cgroup mid-window restarts the counters: no value then.
+        if periods == 0:
+            out["cpu_throttled_pct"] = 0.0  # no quota, or no period ran: nothing held back
+        elif 0 <= throttled <= periods:
+            out["cpu_throttled_pct"] = round(100.0 * throttled / periods, 3)
     if cur.tcp_retrans is not None and prev.tcp_retrans is not None:
         out["net_retransmits_per_s"] = round(max(0, cur.tcp_retrans - prev.tcp_retrans) / dt, 3)
     return out

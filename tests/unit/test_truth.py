@@ -1,0 +1,103 @@
+"""Every incident tells the truth: one definition of healthy, slowed and recovered
+throughput everywhere, losses that agree with what was measured (or say why not),
+percentages within 0..100, and evidence only about the incident's subject."""
+
+from __future__ import annotations
+
+import pytest
+
+from artemisd.cli.admin import format_result
+from artemisd.incident import Result
+from artemisd.pipeline import Analyzer, analyze_records
+from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, measured_loss
+from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, run
+from tests.unit.windows import lockstep
+from torch_hook.telemetry.host import HostCounters, host_block
+
+WORLD = 8
+SLOW = [62.0 if r == 2 else 50.0 for r in range(WORLD)]
+STEP_MS = 62.0 + 20.0  # lockstep: the slowest rank's busy + 20 ms of communication
+
+
+def test_measured_loss_is_the_share_of_healthy_samples_per_second_lost():
+    assert measured_loss(1000.0, 550.0) == 45.0
+    assert measured_loss(1000.0, 1100.0) == 0.0  # faster than healthy: nothing lost
+    assert measured_loss(None, 500.0) is None and measured_loss(0.0, 500.0) is None
+
+
+def test_loss_disagreement_is_explained_only_past_the_tolerance():
+    assert loss_evidence(45.0, 1000.0, 560.0) is None  # 44 vs 45: the same cost
+    # The demo's clocks incident: 45.21 % from the busy excess, 82 % of samples/s measured lost.
+    line = loss_evidence(45.21, 5824.0, 1026.0)
+    assert line["signal"] == "samples_per_s" and (line["value"], line["peers"]) == (1026.0, 5824.0)
+    assert "82.4 %" in line["note"] and "more than" in line["note"]
+    less = loss_evidence(40.0, 1000.0, 1000.0 * (1 - (40.0 - LOSS_TOLERANCE_PCT - 1) / 100))
+    assert "less than" in less["note"]
+
+
+def test_confirmed_incident_carries_the_measured_loss_next_to_loss_pct():
+    windows = [lockstep(s, [50.0] * WORLD) for s in range(10)] + [lockstep(s, SLOW) for s in range(10, 14)]
+    [inc] = [i for i in analyze_records([r for w in windows for r in w], Analyzer()) if i.confirmed_window]
+    expected = 100.0 * 12.0 / STEP_MS  # 14.6 %: lockstep, so both measures agree
+    assert inc.loss_pct == pytest.approx(expected, abs=0.1)
+    assert inc.measured_loss_pct == pytest.approx(expected, abs=0.1)
+    assert not [e for e in inc.evidence if e.signal == "samples_per_s"]
+
+
+def test_a_loss_the_busy_excess_does_not_explain_is_shown_and_explained():
+    # The straggler's busy excess is 12 ms, but every rank also waits 40 ms longer
+    # at the collectives: samples/s fall far more than loss_pct says.
+    windows = [lockstep(s, [50.0] * WORLD) for s in range(10)] + \
+              [lockstep(s, SLOW, comm_ms=40.0) for s in range(10, 14)]
+    incs = [i for i in analyze_records([r for w in windows for r in w], Analyzer())
+            if i.confirmed_window and i.rank == 2]
+    inc = incs[-1]
+    step = 62.0 + 40.0
+    assert inc.loss_pct == pytest.approx(100.0 * 12.0 / step, abs=0.1)
+    assert inc.measured_loss_pct == pytest.approx(100.0 * (1 - 70.0 / step), abs=0.1)
+    [line] = [e for e in inc.evidence if e.signal == "samples_per_s"]
+    assert "more than the subject's busy excess" in line.note
+
+
+def test_cpu_throttled_pct_is_a_share_of_quota_periods_never_above_100():
+    # A two-CPU quota throttled in most periods of a 10 s window sums ~16 s of
+    # throttled time over its CPUs, which the old accounting reported as 160 %.
+    # Per quota period it is 90 %.
+    before = HostCounters(wall_s=100.0, cgroup_periods=0, cgroup_throttled_periods=0)
+    after = HostCounters(wall_s=110.0, cgroup_periods=1000, cgroup_throttled_periods=900)
+    assert host_block(before, after)["cpu_throttled_pct"] == pytest.approx(90.0)
+    idle = HostCounters(wall_s=120.0, cgroup_periods=1000, cgroup_throttled_periods=900)
+    assert host_block(after, idle)["cpu_throttled_pct"] == 0.0  # no quota period ran: nothing held back
+
+
+def test_show_names_healthy_slowed_and_after_once():
+    text = format_result(Result(throughput_healthy=5824.0, throughput_before=1026.0, throughput_after=5700.0,
+                                recovered=True))
+    assert text == ("throughput (samples/s): healthy 5824.0, slowed 1026.0, after 5700.0 (98 % of healthy); "
+                    "recovered True")
+
+
+def test_requeued_job_result_keeps_the_first_run_s_healthy_and_slowed_throughput(tmp_path):
+    """Verification after a requeue compares the new run with the first run's healthy
+    throughput; the slowed throughput is the first run's, not recomputed from the second."""
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            [inc] = await h.incidents()
+            assert inc["state"] == "verifying", inc
+            await h.windows(range(0, 12), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            [inc] = await h.incidents()
+            result = inc["result"]
+            samples = 32 * 50 * WORLD  # per window
+            healthy = samples / (50 * 70.0 / 1000)
+            slowed = samples / (50 * STEP_MS / 1000)
+            assert result["throughput_healthy"] == pytest.approx(healthy, rel=1e-3)
+            assert result["throughput_before"] == pytest.approx(slowed, rel=1e-3)
+            assert result["throughput_after"] == pytest.approx(healthy, rel=1e-3)
+            assert inc["state"] == "resolved" and result["recovered"] is True
+            assert inc["measured_loss_pct"] == pytest.approx(100 * (1 - slowed / healthy), abs=0.1)
+            shown = await h.show(inc["id"])
+            [note] = [a["why"] for a in shown["audit"] if a["what"] == "resolved"]
+            assert f"{healthy:.1f} healthy" in note and f"{healthy:.1f} samples/s after" in note
+    run(scenario)
