@@ -30,8 +30,9 @@ keeps coming back is still confirmed.
 pipeline can ask the job's probes to run identical work on every rank (a
 fixed GEMM, a fixed island all-reduce, a point-to-point ring).
 ``judge_probe`` reads those results: slow on identical GEMM work → the device;
-slow transfers on the links touching one node → that link; normal on identical
-work yet slow in training → host or input.  The verdict is evidence for
+slow transfers on the links touching one node → that link (for a rank or node
+subject only when it is the subject's node: evidence is about the incident's
+subject); normal on identical work yet slow in training → host or input.  The verdict is evidence for
 localisation and the root-independent corroboration the daemon needs before a
 hard action; persistence still decides confirmation.
 """
@@ -183,7 +184,11 @@ def judge_probe(
         if contrast:
             worst = max(contrast, key=lambda n: contrast[n][0])
             factor, touching, elsewhere = contrast[worst]
-            if factor >= 1.0 + 2 * slowdown:
+            subject_nodes = {node_of.get(r) for r in suspects}
+            if factor >= 1.0 + 2 * slowdown and (not suspects or worst in subject_nodes):
+                # A slow link elsewhere is not evidence about this subject (a GPU
+                # clock incident on n2 must not carry "n1's link"); a job-wide
+                # slowdown, with no suspects, is about the links themselves.
                 evidence.append(Evidence(
                     signal="probe.p2p_ms", value=round(touching, 3), peers=round(elsewhere, 3),
                     note=f"ring transfers touching {worst} are {factor:.1f}x slower than the others: its link"))

@@ -101,3 +101,18 @@ def test_requeued_job_result_keeps_the_first_run_s_healthy_and_slowed_throughput
             [note] = [a["why"] for a in shown["audit"] if a["what"] == "resolved"]
             assert f"{healthy:.1f} healthy" in note and f"{healthy:.1f} samples/s after" in note
     run(scenario)
+
+
+def test_a_slow_link_elsewhere_is_not_evidence_about_the_suspect():
+    from artemisd.confirm import ProbeVerdict, judge_probe
+    from tests.unit.test_confirm import NODES, probe
+
+    # Ring 0→1→2→3→0 with n1's link slow, while the suspect is rank 2 (n2's GPU clocks).
+    results = {0: probe("P", 10, [(1, 20.0)]), 1: probe("P", 10, [(2, 21.0)]),
+               2: probe("P", 10, [(3, 5.0)]), 3: probe("P", 10, [(0, 5.1)])}
+    judgement = judge_probe(results, {2}, NODES, 0.04)
+    assert judgement.verdict is ProbeVerdict.NORMAL and judgement.node is None
+    assert [e.signal for e in judgement.evidence] == ["probe.gemm_ms"]
+    assert not any("n1" in e.note for e in judgement.evidence)
+    # The same ring for a job-wide slowdown (no suspect): the link is the finding.
+    assert judge_probe(results, set(), NODES, 0.04).node == "n1"
