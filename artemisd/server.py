@@ -150,9 +150,11 @@ async def get_incident_windows(request: web.Request) -> web.Response:
         busy = ms.get("busy")
         if busy is None and ms.get("step") is not None and ms.get("comm_wait") is not None:
             busy = ms["step"] - ms["comm_wait"]
-        windows.append({"rank": rec.get("rank"), "seq": (rec.get("window") or {}).get("seq"),
+        window = rec.get("window") or {}
+        windows.append({"rank": rec.get("rank"), "seq": window.get("seq"),
                         "node": rec.get("node"), "step": ms.get("step"), "busy": busy,
-                        "comm_wait": ms.get("comm_wait")})
+                        "comm_wait": ms.get("comm_wait"), "samples": rec.get("samples"),
+                        "t0": window.get("t0"), "t1": window.get("t1")})
     return _json({"incident": stored.body, "windows": windows})
 
 

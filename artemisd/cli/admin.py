@@ -23,6 +23,7 @@ from typing import Any
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
 from artemisd.incident import Incident, Result
+from artemisd.verify import window_throughput
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
 TIMEOUT_S = 30.0
@@ -141,7 +142,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"  {_time(a['time'])}  {a['who']:<8} {a['what']}" + (f"  ({tail[:160]})" if tail else ""))
     if args.plot:
         windows = client.request("GET", f"/v1/incidents/{args.incident}/windows")
-        plot_timeline(windows, args.plot)
+        plot_timeline(windows, args.plot, audit=data["audit"])
         print(f"\nwrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -158,40 +159,117 @@ def format_result(result: Result) -> str:
     return line + f"; recovered {'not yet judged' if result.recovered is None and result.throughput_after is None else result.recovered}"
 
 
-def plot_timeline(data: dict[str, Any], path: str) -> None:
-    """Per-rank busy (solid) and comm_wait (dotted) per window, the incident's windows shaded."""
+def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's windows in time order, each with its ranks' rows and the job's samples/s.
+
+    A requeued job numbers its windows from 0 again: a rank whose window number
+    goes back has started a new run, so a job window is (run, seq).  Throughput
+    is ``verify.window_throughput``, the definition verification judges with.
+    """
+    timed = [w for w in windows if w.get("rank") is not None and w.get("seq") is not None
+             and w.get("t1") is not None]
+    timed.sort(key=lambda w: w["t1"])
+    last_seq: dict[int, int] = {}
+    run_of: dict[int, int] = {}
+    grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for w in timed:
+        rank, seq = int(w["rank"]), int(w["seq"])
+        if rank in last_seq and seq <= last_seq[rank]:
+            run_of[rank] = run_of.get(rank, 0) + 1
+        last_seq[rank] = seq
+        grouped.setdefault((run_of.get(rank, 0), seq), []).append(w)
+    out = []
+    for (run, seq), rows in grouped.items():
+        spans = [w["t1"] - w["t0"] for w in rows if w.get("t0") is not None]
+        out.append({"run": run, "seq": seq, "t0": min(w.get("t0") or w["t1"] for w in rows),
+                    "t1": float(sorted(w["t1"] for w in rows)[len(rows) // 2]), "rows": rows,
+                    "throughput": window_throughput([w.get("samples") for w in rows], spans)})
+    out.sort(key=lambda j: j["t1"])
+    return out
+
+
+def loop_marks(incident: dict[str, Any], jobs: list[dict[str, Any]],
+               audit: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(label, time) of the loop's steps: onset, confirmation, action, verification.
+
+    Onset and confirmation are windows of the run the fault was seen in (the
+    last run that reached that window before the action); the action and the
+    verdict are the audit log's times.
+    """
+    acted = next((a["time"] for a in audit if a["who"] == "daemon" and str(a["result"]).startswith("done")), None)
+    verified = next((a for a in audit if a["who"] == "verify"), None)
+    marks: list[tuple[str, float]] = []
+    for label, key, edge in (("onset", "onset_window", "t0"), ("confirmed", "confirmed_window", "t1")):
+        seq = incident.get(key)
+        seen = [j for j in jobs if j["seq"] == seq and (acted is None or j["t1"] <= acted)]
+        if seq is not None and seen:
+            marks.append((label, seen[-1][edge]))
+    if acted is not None:
+        marks.append(("action", acted))
+    if verified is not None:
+        marks.append((verified["what"], verified["time"]))
+    return marks
+
+
+def plot_timeline(data: dict[str, Any], path: str, audit: list[dict[str, Any]] | None = None) -> None:
+    """The job's throughput with the loop's steps marked, then per-rank busy and comm_wait.
+
+    A person looks first at the top panel: did the job's samples/s fall at the
+    onset and come back after the action?  The panels below show which rank
+    took longer (busy) and which waited for it (comm_wait).  The x axis is
+    wall time, so a requeued job's new run follows its first one.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     inc = data["incident"]
-    by_rank: dict[int, list[tuple[int, float | None, float | None]]] = {}
-    for w in data["windows"]:
-        if w["rank"] is None or w["seq"] is None:
-            continue
-        by_rank.setdefault(int(w["rank"]), []).append((int(w["seq"]), w["busy"], w["comm_wait"]))
-    fig, (ax_busy, ax_wait) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
+    jobs = job_windows(data["windows"])
+    if not jobs:
+        raise ClientError(f"{inc['id']}: no timed windows stored for job {inc['job']}")
+    origin = jobs[0]["t0"]
     subject = inc.get("rank")
+    fig, (ax_tp, ax_busy, ax_wait) = plt.subplots(3, 1, sharex=True, figsize=(10, 8),
+                                                  gridspec_kw={"height_ratios": [1.2, 1, 1]})
+    for run in sorted({j["run"] for j in jobs}):
+        points = [((j["t1"] - origin) / 60.0, j["throughput"]) for j in jobs
+                  if j["run"] == run and j["throughput"] is not None]
+        ax_tp.plot([p[0] for p in points], [p[1] for p in points], marker=".", color="tab:blue",
+                   label="job samples/s" if run == 0 else None)
+    result = inc.get("result") or {}
+    if result.get("throughput_healthy"):
+        ax_tp.axhline(result["throughput_healthy"], color="tab:green", linestyle="--", linewidth=0.8,
+                      label=f"healthy {result['throughput_healthy']:.0f}")
+    for label, when in loop_marks(inc, jobs, audit or []):
+        for ax in (ax_tp, ax_busy, ax_wait):
+            ax.axvline((when - origin) / 60.0, color="tab:red", linewidth=0.9, alpha=0.7)
+        ax_tp.annotate(label, ((when - origin) / 60.0, 1.0), xycoords=("data", "axes fraction"),
+                       rotation=90, va="top", ha="right", fontsize="small", color="tab:red")
+    by_rank: dict[int, list[tuple[float, float | None, float | None]]] = {}
+    for j in jobs:
+        for w in j["rows"]:
+            line = by_rank.setdefault(int(w["rank"]), [])
+            if j["run"] > 0 and j["seq"] == 0:  # no line across the restart
+                line.append((float("nan"), None, None))
+            line.append(((j["t1"] - origin) / 60.0, w["busy"], w["comm_wait"]))
     for rank in sorted(by_rank):
-        rows = sorted(by_rank[rank])
-        seqs = [r[0] for r in rows]
+        rows = by_rank[rank]
         highlight = rank == subject
         style = {"linewidth": 2.2 if highlight else 0.8, "alpha": 1.0 if highlight else 0.5,
                  "label": f"rank {rank}" if highlight or len(by_rank) <= 8 else None}
-        ax_busy.plot(seqs, [r[1] for r in rows], **style)
-        ax_wait.plot(seqs, [r[2] for r in rows], linestyle=":", **style)
-    for ax in (ax_busy, ax_wait):
-        if inc.get("onset_window") is not None:
-            end = inc.get("confirmed_window") or inc.get("flagged_window") or inc["onset_window"]
-            ax.axvspan(inc["onset_window"], end, color="tab:red", alpha=0.12)
+        ax_busy.plot([r[0] for r in rows], [r[1] for r in rows], **style)
+        ax_wait.plot([r[0] for r in rows], [r[2] for r in rows], linestyle=":", **style)
+    for ax in (ax_tp, ax_busy, ax_wait):
         ax.grid(alpha=0.3)
+    ax_tp.set_ylabel("job samples/s")
     ax_busy.set_ylabel("busy ms/step")
     ax_wait.set_ylabel("comm_wait ms/step")
-    ax_wait.set_xlabel("window")
-    ax_busy.set_title(f"{inc['id']} job {inc['job']}: {inc['cause']} "
-                      f"{'rank ' + str(subject) if subject is not None else inc.get('node') or ''} "
-                      f"({inc['state']})")
+    ax_wait.set_xlabel("minutes since the job's first window")
+    ax_tp.set_title(f"{inc['id']} job {inc['job']}: {inc['cause']} "
+                    f"{'rank ' + str(subject) if subject is not None else inc.get('node') or inc.get('link') or ''} "
+                    f"({inc['state']})")
+    ax_tp.legend(loc="lower left", fontsize="small")
     ax_busy.legend(loc="upper left", fontsize="small", ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -239,7 +317,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("incident", metavar="INC", help="incident id, e.g. INC-17")
     p.add_argument("--json", action="store_true", help="machine-readable")
-    p.add_argument("--plot", metavar="OUT.png", help="write a per-rank busy/wait timeline (matplotlib)")
+    p.add_argument("--plot", metavar="OUT.png", help="write the job's throughput with the loop's steps marked, and per-rank busy/wait (PNG)")
     p.set_defaults(func=_guard(cmd_show))
 
     for decision, text in (("approve", "let a waiting action run"), ("deny", "refuse a waiting action")):
