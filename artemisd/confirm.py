@@ -198,3 +198,26 @@ def judge_probe(
     return ProbeJudgement(ProbeVerdict.INCOMPLETE, (Evidence(
         signal="missing", value="probe timings",
         note="the matched probe returned no comparable GEMM or cross-node ring timings"),))
+
+
+def agree_on_link(judgements: list[ProbeJudgement]) -> ProbeJudgement:
+    """Several matched probes of one job-wide slowdown, taken together.
+
+    A link is named only when at least two probes name the same node and none
+    names another or finds no link: one probe's ring timings on a shared
+    network are one noisy measurement.  Otherwise the verdict is incomplete,
+    with every probe's evidence and a ``missing`` line saying what would name
+    the link.
+    """
+    named = [j.node if j.verdict is ProbeVerdict.LINK else None for j in judgements]
+    evidence = tuple(e for j in judgements for e in j.evidence)
+    if len(named) >= 2 and named[0] is not None and all(n == named[0] for n in named):
+        return ProbeJudgement(ProbeVerdict.LINK, evidence, node=named[0])
+    if len(named) < 2:
+        what = (f"a second matched probe that names {named[0]}'s link too" if named and named[0]
+                else "a matched probe that names one link")
+    else:
+        what = ("matched probes that agree on one link (they named "
+                + ", ".join(n or "no link" for n in named) + ")")
+    return ProbeJudgement(ProbeVerdict.INCOMPLETE, evidence + (Evidence(
+        signal="missing", value=what, note="needed before a link is named"),))

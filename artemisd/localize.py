@@ -282,7 +282,7 @@ def diagnose_straggler(
 
 
 def _node_retransmits(frame: WindowFrame) -> tuple[str | None, float, float]:
-    """The node whose transport retransmits stand out, if one does."""
+    """The node whose transport retransmits stand out, if one does (evidence, never a localisation)."""
     values = frame.telemetry["net_retransmits_per_s"]
     if not np.any(np.isfinite(values)):
         return None, float("nan"), float("nan")
@@ -340,14 +340,18 @@ def diagnose_job(
     if probe is not None and probe.verdict is ProbeVerdict.LINK and probe.node:
         ev = base + list(probe.evidence)
         return JobDiagnosis("link", Diagnosis(Cause.COMM_LINK, 0.85, tuple(ev)), node=probe.node, link=probe.node)
+    if probe is not None:
+        base += [e for e in probe.evidence if e.signal != "missing"]
     node, worst, others = _node_retransmits(frame)
     if node is not None:
-        ev = base + [Evidence(signal="net_retransmits_per_s", value=_r(worst, 1), peers=_r(others, 1),
-                              note=f"{node}'s transport retransmits stand out: its link")]
-        return JobDiagnosis("link", Diagnosis(Cause.COMM_LINK, 0.8, tuple(ev)), node=node, link=node)
-    missing = ["per-node link evidence (host.net_retransmits_per_s or a matched p2p probe)"]
-    if np.isfinite(worst):
-        missing = ["a node whose link counters stand out (retransmits are even across nodes)"]
+        # Retransmits are counted by the *senders* to a slow link: the node whose
+        # counter stands out may be a healthy neighbour of the bad link.  They
+        # say the network is involved, not whose link it is.
+        base.append(Evidence(signal="net_retransmits_per_s", value=_r(worst, 1), peers=_r(others, 1),
+                             note=f"{node}'s transport retransmits stand out; senders to a slow link count "
+                                  f"them, so this does not say whose link it is"))
+    missing = [e.value for e in probe.evidence if e.signal == "missing"] if probe is not None else []
+    missing = missing or ["per-node link evidence: matched probes whose ring timings agree on one link"]
     # A communication slowdown with no node to name: still a comm problem, said
     # plainly, with what would have named the link.
     diag = _pick([(Cause.COMM_LINK, max(0.0, floor - 0.05), [])], missing, floor, base)

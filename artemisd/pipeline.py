@@ -36,7 +36,7 @@ import numpy as np
 from artemisd import detect, verify
 from artemisd.baseline import JobHistory, JobSummary, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
-from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, judge_probe
+from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, agree_on_link, judge_probe
 from artemisd.frame import WindowFrame
 from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler
@@ -60,6 +60,7 @@ class ProbeRequest:
     ranks: tuple[int, ...]
     reason: str
     incident: str
+    corroborates: bool = False  # a second probe asked to confirm the first one's link verdict
 
 
 @dataclass
@@ -73,6 +74,8 @@ class _Open:
     healthy_windows: int = 0
     probe: ProbeJudgement | None = None
     probe_id: str | None = None
+    probe_waiting: bool = False  # requested, results not yet judged
+    judgements: list[ProbeJudgement] = field(default_factory=list)  # job-wide subjects: every probe's
 
 
 @dataclass
@@ -189,6 +192,14 @@ class Analyzer:
         """(window seq, samples/s of the whole job) for the job's recent windows."""
         state = self._jobs.get((job, step))
         return list(state.throughput) if state else []
+
+    def probe_outstanding(self, incident_id: str) -> bool:
+        """A matched probe was requested for this incident and its results are not judged yet."""
+        for state in self._jobs.values():
+            for watched in state.open.values():
+                if watched.incident.id == incident_id:
+                    return watched.probe_waiting
+        return False
 
     def subject_active(self, incident_id: str) -> bool:
         """False once the incident's subject has been healthy for RecoverWindows windows."""
@@ -474,7 +485,7 @@ class Analyzer:
         if disagreement is not None:
             incident.evidence.append(Evidence(**disagreement))
         incident.confirmed_window = seq
-        incident.action = propose(incident.kind, incident.cause, incident.node, incident.job)
+        incident.action = propose(incident.kind, incident.cause, incident.node, incident.job, link=incident.link)
         incident.advance(IncidentState.CONFIRMED)
 
     def _watch_recovery(self, state: _JobState, seq: int, flagged: set[Hashable],
@@ -496,14 +507,17 @@ class Analyzer:
 
     # -- active probe ------------------------------------------------------------
 
-    def _request_probe(self, state: _JobState, watched: _Open, frame: WindowFrame, rows: np.ndarray) -> None:
+    def _request_probe(self, state: _JobState, watched: _Open, frame: WindowFrame, rows: np.ndarray,
+                       reason: str | None = None) -> None:
         probe_id = f"PRB-{self._next_probe}"
         self._next_probe += 1
         watched.probe_id = probe_id
+        watched.probe_waiting = True
         ranks = tuple(int(r) for r in frame.rank[rows])
         self._probe_requests.append(ProbeRequest(
             probe_id, state.job, state.step, ranks,
-            f"{_subject_label(watched.subject)} flagged in window {frame.seq}", watched.incident.id))
+            reason or f"{_subject_label(watched.subject)} flagged in window {frame.seq}", watched.incident.id,
+            corroborates=reason is not None))
 
     def _take_probe_results(self, state: _JobState, frame: WindowFrame,
                             probes: dict[str, dict[int, ProbeResult]], changed: dict[str, Incident]) -> None:
@@ -516,22 +530,42 @@ class Analyzer:
             if watched.probe_id is None or watched.probe_id not in state.probes:
                 continue
             results = state.probes.pop(watched.probe_id)
-            suspects = ({int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
-                        if watched.subject[0] in ("rank", "node") else set())
-            watched.probe = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
+            watched.probe_waiting = False
+            job_wide = watched.subject[0] not in ("rank", "node")
+            suspects = set() if job_wide else {int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
+            judgement = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
             incident = watched.incident
+            if not job_wide:
+                watched.probe = judgement
+                if incident.state is IncidentState.SUSPECT:
+                    continue  # the verdict is used when the incident is confirmed
+                incident.evidence = incident.evidence + list(judgement.evidence)
+                changed[incident.id] = incident
+                continue
+            # A job-wide slowdown: a link is named only when two probes agree on it.
+            watched.judgements.append(judgement)
+            watched.probe = agree_on_link(watched.judgements)
+            if len(watched.judgements) == 1 and judgement.verdict is ProbeVerdict.LINK and self.active_probe:
+                self._request_probe(state, watched, frame, np.array([], dtype=int),
+                                    reason=f"a second matched probe to confirm {judgement.node}'s link "
+                                           f"(window {frame.seq})")
             if incident.state is IncidentState.SUSPECT:
-                continue  # the verdict is used when the incident is confirmed
-            if (incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK
-                    and watched.probe.node):
-                # Confirmed before the probe came back, with no node to name:
-                # the matched ring has now found the link.
+                continue  # the verdicts are used when the incident is confirmed
+            if incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK:
+                # Confirmed before the probes came back, with no node to name:
+                # the matched rings have now found the link.
                 node = watched.probe.node
                 incident.kind, incident.cause, incident.confidence = IncidentKind.LINK, Cause.COMM_LINK, 0.85
                 incident.node = incident.link = node
                 incident.evidence = [e for e in incident.evidence if e.signal != "missing"]
-                incident.action = propose(incident.kind, incident.cause, node, incident.job)
-            incident.evidence = incident.evidence + list(watched.probe.evidence)
+                incident.action = propose(incident.kind, incident.cause, node, incident.job, link=node)
+                incident.evidence = incident.evidence + list(judgement.evidence)
+            elif incident.kind is IncidentKind.JOB:
+                incident.evidence = [e for e in incident.evidence if not e.signal.startswith("probe.")
+                                     and not (e.signal == "missing" and "probe" in str(e.value))] \
+                    + list(watched.probe.evidence)
+            else:
+                incident.evidence = incident.evidence + list(judgement.evidence)
             changed[incident.id] = incident
 
     # -- change regressions -------------------------------------------------------

@@ -26,7 +26,8 @@ For each rung ``decide`` answers one of:
 Hard actions (drain, requeue) need corroboration a job owner cannot fake
 (``corroborated``): telemetry from a node event sent with root or SlurmUser
 credentials, or — with ``HardActionEvidence=root_or_probe`` — the matched probe
-agreeing.  Probe results travel in the job's own reports, so trusting them
+agreeing.  A link also needs two matched probes that agree on it: root-side
+retransmits are counted by the senders, so they never say whose link it is.  Probe results travel in the job's own reports, so trusting them
 means trusting the job's owner; the default is ``root``.
 """
 
@@ -162,17 +163,63 @@ def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None) -> str | 
 
 
 def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
-    wanted = "probe.p2p_ms" if incident.cause is Cause.COMM_LINK else "probe.gemm_ms"
     for item in incident.evidence:
-        if item.signal == wanted and isinstance(item.value, int | float) and isinstance(item.peers, int | float) \
+        if item.signal == "probe.gemm_ms" and isinstance(item.value, int | float) and isinstance(item.peers, int | float) \
                 and item.peers > 0 and item.value / item.peers >= 1.0 + slowdown:
-            return f"matched probe {wanted} {item.value} vs peers {item.peers}"
+            return f"matched probe probe.gemm_ms {item.value} vs peers {item.peers}"
     return None
+
+
+def _probes_agree_on_link(incident: Incident, slowdown: float) -> tuple[int, str | None]:
+    """How many matched probes time the incident's link slow, and the first that names another node."""
+    node = incident.link or incident.node
+    agreeing, other = 0, None
+    for item in incident.evidence:
+        if item.signal != "probe.p2p_ms":
+            continue
+        if not (isinstance(item.value, int | float) and isinstance(item.peers, int | float) and item.peers > 0
+                and item.value / item.peers >= 1.0 + slowdown):
+            continue
+        if f"touching {node} " in item.note:
+            agreeing += 1
+        elif other is None:
+            other = item.note
+    return agreeing, other
+
+
+def _link_corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
+                       max_age_s: float, mode: str, slowdown: float) -> tuple[bool, str]:
+    """A hard action on a link: evidence that points at this one link, from more than one measurement.
+
+    Retransmits are counted by the senders to a slow link, so root-side counters
+    alone cannot say whose link it is: the matched probes' ring timings name
+    the link, two of them must agree, and with ``HardActionEvidence=root`` the
+    node's root-side counters must also show its network in trouble (the
+    probes run in the job, which its owner controls).
+    """
+    node = incident.link or incident.node
+    agreeing, other = _probes_agree_on_link(incident, slowdown)
+    if other is not None:
+        return False, f"matched probes disagree on the link: {other}"
+    if agreeing < 2:
+        return False, (f"a link needs two matched probes that agree on it; {agreeing} timed {node}'s link slow")
+    if mode == "root_or_probe":
+        return True, f"{agreeing} matched probes agree: {node}'s link"
+    if node_event is None:
+        return False, f"no root-side node event from {node}"
+    if age_s is not None and age_s > max_age_s:
+        return False, f"root-side evidence from {node} is {age_s:.0f} s old (EvidenceMaxAge={max_age_s:.0f})"
+    seen = _root_agrees(Cause.COMM_LINK, node_event, None)
+    if seen is None:
+        return False, f"root-side node check on {node} does not show its network in trouble"
+    return True, f"{agreeing} matched probes agree on {node}'s link; root-side node check on {node}: {seen}"
 
 
 def corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
                  max_age_s: float, mode: str, slowdown: float, gpu: int | None = None) -> tuple[bool, str]:
     """Is the incident's cause confirmed by evidence its job's owner cannot forge?"""
+    if incident.cause is Cause.COMM_LINK:
+        return _link_corroborated(incident, node_event, age_s, max_age_s, mode, slowdown)
     if incident.cause in (Cause.GPU_THERMAL, Cause.GPU_POWER, Cause.GPU_CLOCKS, Cause.COMM_LINK):
         if node_event is not None and age_s is not None and age_s <= max_age_s:
             seen = _root_agrees(incident.cause, node_event, gpu)

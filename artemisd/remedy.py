@@ -35,9 +35,14 @@ _BY_CAUSE: dict[Cause, tuple[str, bool]] = {
 }
 
 
-def propose(kind: IncidentKind, cause: Cause, node: str | None, job: str) -> Action:
-    """The remedy for a diagnosis, as a proposed action on its natural target."""
+def propose(kind: IncidentKind, cause: Cause, node: str | None, job: str, link: str | None = None) -> Action:
+    """The remedy for a diagnosis, as a proposed action on its natural target.
+
+    A link incident acts on the node whose link it is (``link`` names that
+    node): a bad link is drained like a bad GPU.
+    """
     action, reversible = _BY_CAUSE[cause]
+    node = node or link
     if action in ("drain", "correct") and node is None:
         # Hardware with no node to name: nothing to drain or reset; a person decides.
         action, reversible = "escalate", False

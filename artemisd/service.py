@@ -38,7 +38,7 @@ from artemisd import mail, policy, verify
 from artemisd.act import Actuator, Outcome, drain_reason
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.incident import Action, Incident, IncidentState, Result
+from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
 from artemisd.metrics import Metrics
 from artemisd.pipeline import Analyzer
 from artemisd.remedy import propose
@@ -107,6 +107,10 @@ def _rounded(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
 
 
+def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
+    return (inc.kind.value, inc.cause.value, inc.node, inc.link)
+
+
 def subject_of(inc: Incident) -> str:
     return "|".join(str(x) for x in (inc.job, inc.kind.value, inc.rank, inc.node, inc.link, inc.island))
 
@@ -127,6 +131,7 @@ class Daemon:
         self._steps: dict[str, str] = {}
         self._window_count: dict[str, int] = {}
         self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
+        self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._restoring = False
         self.restore()
 
@@ -393,9 +398,18 @@ class Daemon:
                                     subject_of(update), update.id, 0, None, None, False, body, now, now)
         self._bound[update.id] = stored.id
         inc = Incident.model_validate(stored.body)
+        told = _diagnosis(inc)
         analysis = update.model_dump(exclude={"id", "state", "action", "result"})
         for key, value in analysis.items():
             setattr(inc, key, value)
+        if _diagnosis(inc) != told and inc.state in (S.ESCALATED, S.UNRESOLVED) and not any(
+                r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
+            # A person was told one thing and the analysis now says another (the
+            # matched probes named the link): decide again from the new cause's
+            # ladder; its escalation, if it comes to that, is the follow-up.
+            stored.decide, stored.plan_step = True, 0
+            self._audit(inc.id, "analyzer", "diagnosis changed", f"was {told[1]} {told[0]}; now "
+                        f"{inc.cause.value} {self._where(inc)}", now=now)
         if inc.state in (S.SUSPECT,) and update.state is not inc.state:
             inc.advance(update.state)
         if inc.action is None or (inc.action.status == "proposed" and stored.plan_step == 0):
@@ -425,7 +439,7 @@ class Daemon:
         for req in self.analyzer.pending_probes():
             daemon_incident = self._bound.get(req.incident)
             pol = self.config.policy_for(self.store.job_partition(req.job))
-            refused = self._probe_refusal(req.job, now, pol.probe)
+            refused = self._probe_refusal(req.job, now, pol.probe, req.corroborates)
             if refused:
                 self.metrics.probes.labels("refused").inc()
                 self._audit(daemon_incident, "policy", f"probe {req.id} not sent", refused, now=now)
@@ -434,17 +448,20 @@ class Daemon:
             body = {"type": "probe", "id": req.id, "job": req.job, "step": step}
             self.store.add_directive(req.id, "probe", req.job, step, daemon_incident, body, now,
                                      now + self.config.daemon.probe_timeout)
+            self._probe_due[req.incident] = now + self.config.daemon.probe_timeout
             self.metrics.probes.labels("issued").inc()
             self._audit(daemon_incident, "daemon", f"probe {req.id} requested", req.reason, now=now)
 
-    def _probe_refusal(self, job: str, now: float, allowed: bool) -> str | None:
+    def _probe_refusal(self, job: str, now: float, allowed: bool, corroborates: bool = False) -> str | None:
         d = self.config.daemon
         if not allowed:
             return "Probe=no in the partition policy"
         if not d.enabled or d.dry_run:
             return "Enabled=no" if not d.enabled else "DryRun=yes"
         times = self.store.probe_times(job)
-        if times and now - times[-1] < d.probe_min_interval:
+        # The second probe that confirms a link verdict is one measurement of the
+        # same question: ProbeMaxPerHour bounds it, ProbeMinInterval does not.
+        if times and now - times[-1] < d.probe_min_interval and not corroborates:
             return f"rate limit: last probe {now - times[-1]:.0f} s ago (ProbeMinInterval={d.probe_min_interval:.0f})"
         if sum(1 for t in times if now - t < 3600) >= d.probe_max_per_hour:
             return f"rate limit: {d.probe_max_per_hour} probes in the last hour (ProbeMaxPerHour)"
@@ -491,9 +508,11 @@ class Daemon:
             return
         stored = fresh
         inc = Incident.model_validate(stored.body)
+        if inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now):
+            return  # the matched probe that may name the link is due: decide with it, not before
         pol = self.config.policy_for(partition)
         # The ladder starts at the analysis' remedy for this cause (not at whatever ran last).
-        rungs = policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job).kind)
+        rungs = policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job, link=inc.link).kind)
         recommended: list[str] = []
         d = self.config.daemon
         while stored.plan_step < len(rungs):
@@ -543,9 +562,22 @@ class Daemon:
         else:
             self._start_escalation(stored, inc, recommended, now)
 
+    def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
+        """A matched probe was issued for this incident and has neither answered nor expired.
+
+        A job-wide slowdown has no suspect to name until the probes time the
+        links: deciding before they answer sends an escalation that says
+        "unknown job" and is stale seconds later.
+        """
+        due = self._probe_due.get(stored.analyzer_id or "")
+        if due is None or now >= due or not self.analyzer.probe_outstanding(stored.analyzer_id or ""):
+            self._probe_due.pop(stored.analyzer_id or "", None)
+            return False
+        return True
+
     def _target(self, inc: Incident, kind: str) -> str | None:
         if kind in ("drain", "correct"):
-            return inc.node
+            return inc.node or inc.link  # a link incident acts on the node whose link it is
         if kind == "rebalance":
             return f"{inc.job}:{inc.rank}" if inc.rank is not None else None
         return inc.job
@@ -561,7 +593,7 @@ class Daemon:
             kind_name = "restore_power_limit" if inc.cause.value == "gpu.power" else "reset_clocks"
             return {"node": inc.node, "kind": kind_name, "gpu": gpu}
         if kind == "drain":
-            return {"node": inc.node, "job": inc.job,
+            return {"node": inc.node or inc.link, "job": inc.job,
                     "reason": drain_reason(inc.id, inc.cause.value, inc.rank, inc.ratio)}
         return {"job": inc.job}
 
@@ -795,7 +827,8 @@ class Daemon:
         # Approving the drain rung approves its requeue too (one decision per rung).
         approved_rung = any(a.kind == "drain" and a.params.get("approved_by") for a in self.store.actions_of(inc.id))
         if mode == "auto" or (mode == "approve" and approved_rung):
-            self.store.add_action(inc.id, "requeue", inc.job, {"job": inc.job, "node": inc.node}, "queued", now)
+            self.store.add_action(inc.id, "requeue", inc.job, {"job": inc.job, "node": inc.node or inc.link},
+                                  "queued", now)
             return
         if inc.action is not None:
             inc.action.status = "done"

@@ -106,12 +106,17 @@ def test_storage_stall_needs_iowait():
     assert incident.cause is Cause.INPUT_STORAGE
 
 
-def test_degraded_link_is_a_link_incident_naming_the_node():
+def test_retransmits_alone_do_not_name_a_link():
+    # Retransmits are counted by the senders to a slow link: n3's counter standing
+    # out does not say that n3's link is the bad one.
     def fault(seq, busy):
         return {"comm_ms": 40.0, "host": {6: {"net_retransmits_per_s": 80.0}, 7: {"net_retransmits_per_s": 80.0}}}
 
     _, [incident], _ = analyze(scenario(fault))
-    assert (incident.kind, incident.node, incident.cause) == (IncidentKind.LINK, "n3", Cause.COMM_LINK)
+    assert (incident.kind, incident.node, incident.link) == (IncidentKind.JOB, None, None)
+    assert incident.cause is Cause.UNKNOWN
+    [retrans] = [e for e in incident.evidence if e.signal == "net_retransmits_per_s"]
+    assert retrans.value == 80.0 and "does not say whose link" in retrans.note
     assert incident.ratio == pytest.approx(140 / 120, abs=0.02)  # step time vs the job's baseline
 
 
@@ -119,7 +124,7 @@ def test_comm_slowdown_without_link_evidence_says_unknown_and_what_is_missing():
     _, [incident], _ = analyze(scenario(lambda seq, busy: {"comm_ms": 40.0}))
     assert incident.kind is IncidentKind.JOB and incident.cause is Cause.UNKNOWN
     missing = [e for e in incident.evidence if e.signal == "missing"]
-    assert missing and "retransmits" in missing[0].value
+    assert missing and "matched probes" in missing[0].value
 
 
 def test_one_island_collectives_slowing_is_an_island_incident():
@@ -280,27 +285,51 @@ def test_cgroup_cpu_quota_throttling_names_the_host():
     assert any(e.signal == "cpu_throttled_pct" and e.value == 45.0 for e in incident.evidence)
 
 
-def test_job_wide_slowdown_becomes_a_link_incident_when_the_matched_probe_finds_the_link():
+def _ring_answer(reports, request, slow_node):
+    """Every rank's matched-probe result: ring pairs (r, r+1); pairs touching ``slow_node`` are slow."""
+    node_of = [r.node for r in reports]
+    return [parse_record({**r.model_dump(exclude_none=True), "probe": ProbeResult(
+        id=request.id, gemm_ms=10.0, p2p=[{"peer": (r.rank + 1) % 8, "node": node_of[(r.rank + 1) % 8],
+                                           "ms": 30.0 if slow_node in (r.node, node_of[(r.rank + 1) % 8])
+                                           else 5.0}]).model_dump()}) for r in reports]
+
+
+def _link_run(second_slow_node):
     analyzer = Analyzer(active_probe=True)
     rng = random.Random(11)
     incident = None
-    request = None
-    for seq in range(16):
+    requests = []
+    for seq in range(18):
         reports = lockstep(seq, noisy(rng), comm_ms=40.0 if seq >= 6 else 20.0, telemetry=False)
-        if request is None:
-            request = next(iter(analyzer.pending_probes()), None)
-        elif seq == 12:
-            # Ring pairs (0,1) (1,2) (2,3) ... over nodes n0..n3: pairs touching n2 are slow.
-            node_of = [r.node for r in reports]
-            reports = [parse_record({**r.model_dump(exclude_none=True), "probe": ProbeResult(
-                id=request.id, gemm_ms=10.0, p2p=[{"peer": (r.rank + 1) % 8, "node": node_of[(r.rank + 1) % 8],
-                                                   "ms": 30.0 if "n2" in (r.node, node_of[(r.rank + 1) % 8])
-                                                   else 5.0}]).model_dump()}) for r in reports]
+        requests += analyzer.pending_probes()
+        if seq == 12:
+            reports = _ring_answer(reports, requests[0], "n2")
+        elif seq == 14:
+            assert len(requests) == 2 and requests[1].corroborates and requests[1].ranks == ()
+            reports = _ring_answer(reports, requests[1], second_slow_node)
         for r in reports:
             for update in analyzer.ingest(r):
                 incident = update
-    assert request is not None and request.ranks == ()
-    assert (incident.kind, incident.cause, incident.node) == (IncidentKind.LINK, Cause.COMM_LINK, "n2")
-    assert any(e.signal == "probe.p2p_ms" for e in incident.evidence)
+        if seq == 13:
+            # One probe named n2: not a finding yet, a second one is asked for.
+            assert incident.kind is IncidentKind.JOB and incident.node is None
+            assert analyzer.probe_outstanding(incident.id)
+    assert requests[0].ranks == ()
+    return incident
+
+
+def test_job_wide_slowdown_becomes_a_link_incident_when_two_matched_probes_agree_on_the_link():
+    incident = _link_run("n2")
+    assert (incident.kind, incident.cause, incident.node, incident.link) == (
+        IncidentKind.LINK, Cause.COMM_LINK, "n2", "n2")
+    assert len([e for e in incident.evidence if e.signal == "probe.p2p_ms"]) == 2
     assert not any(e.signal == "missing" for e in incident.evidence)
     assert incident.action.kind == "drain" and incident.action.target == "n2"
+
+
+def test_probes_that_disagree_name_no_link():
+    incident = _link_run("n1")
+    assert (incident.kind, incident.cause, incident.node, incident.link) == (IncidentKind.JOB, Cause.UNKNOWN, None, None)
+    [missing] = [e for e in incident.evidence if e.signal == "missing"]
+    assert "n2, n1" in missing.value
+    assert incident.action.kind == "escalate"

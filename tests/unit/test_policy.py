@@ -85,9 +85,27 @@ def test_probe_counts_only_when_the_site_trusts_it():
     assert not policy.corroborated(incident(Cause.GPU_CLOCKS, normal), None, None, 900.0, "root_or_probe", 0.04)[0]
 
 
-def test_link_needs_retransmits_and_software_causes_are_never_drained():
-    link = Incident(id="INC-2", job="7", kind=IncidentKind.LINK, node="n3", cause=Cause.COMM_LINK)
-    assert policy.corroborated(link, {"host": {"net_retransmits_per_s": 80.0}}, 1.0, 900.0, "root", 0.04)[0]
-    assert not policy.corroborated(link, {"host": {"net_retransmits_per_s": 0.0}}, 1.0, 900.0, "root", 0.04)[0]
+def _p2p(node, value=30.0):
+    return Evidence(signal="probe.p2p_ms", value=value, peers=5.0,
+                    note=f"ring transfers touching {node} are {value / 5.0:.1f}x slower than the others: its link")
+
+
+def test_link_needs_two_agreeing_probes_and_root_side_trouble_and_software_causes_are_never_drained():
+    one = Incident(id="INC-2", job="7", kind=IncidentKind.LINK, node="n3", link="n3", cause=Cause.COMM_LINK,
+                   evidence=[_p2p("n3")])
+    trouble = {"host": {"net_retransmits_per_s": 80.0}}
+    # Retransmits alone (they are counted by the senders) or one probe: not enough.
+    ok, why = policy.corroborated(one, trouble, 1.0, 900.0, "root", 0.04)
+    assert not ok and "two matched probes" in why
+    two = one.model_copy(update={"evidence": [_p2p("n3"), _p2p("n3", 28.0)]})
+    assert policy.corroborated(two, trouble, 1.0, 900.0, "root", 0.04)[0]
+    assert not policy.corroborated(two, {"host": {"net_retransmits_per_s": 0.0}}, 1.0, 900.0, "root", 0.04)[0]
+    assert policy.corroborated(two, None, None, 900.0, "root_or_probe", 0.04)[0]
+    split = one.model_copy(update={"evidence": [_p2p("n3"), _p2p("n3"), _p2p("n1")]})
+    ok, why = policy.corroborated(split, trouble, 1.0, 900.0, "root_or_probe", 0.04)
+    assert not ok and "disagree" in why and "n1" in why
+    # A link incident that carries only its link acts on the node whose link it is.
+    only_link = two.model_copy(update={"node": None})
+    assert policy.corroborated(only_link, None, None, 900.0, "root_or_probe", 0.04)[0]
     ok, why = policy.corroborated(incident(Cause.INPUT_LOADER), {"gpus": []}, 1.0, 900.0, "root", 0.04)
     assert not ok and "not a hardware fault" in why

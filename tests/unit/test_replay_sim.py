@@ -20,10 +20,9 @@ RANK_AND_NODE = [
     ("host.cpu", {"rank": 17, "variant": "steal"}),
     ("input.loader", {"rank": 2}),
     ("input.storage", {"node": 3}),
-    ("comm.link", {"node": 2}),
 ]
 _IDS = ["gpu.thermal", "gpu.power", "gpu.clocks", "host.cpu-node", "host.cpu-rank", "input.loader",
-        "input.storage-node", "comm.link"]
+        "input.storage-node"]
 
 
 def _replay(spec: FleetSpec):
@@ -48,6 +47,21 @@ def test_replay_finds_rank_node_and_link_faults(cause, target):
                   noise=NoiseSpec(healthy_slow=1),
                   faults=(FaultSpec(cause=cause, onset=10, magnitude=0.2, **target),))
     _assert_found(_replay(FleetSpec(seed=21, jobs=(job,))), cause)
+
+
+def test_replay_finds_a_link_fault_but_names_no_link_without_matched_probes():
+    # Replay runs no probes.  The degraded node's retransmits stand out in the
+    # trace, but retransmits are counted by the senders to a slow link: on their
+    # own they do not say whose link it is, so the incident says what is missing.
+    job = JobSpec(job="50", islands=(NVIDIA_H100.model_copy(update={"ranks": 32}),), windows=24,
+                  noise=NoiseSpec(healthy_slow=1),
+                  faults=(FaultSpec(cause="comm.link", onset=10, magnitude=0.2, node=2),))
+    s, incidents = _replay(FleetSpec(seed=21, jobs=(job,)))
+    assert s.recall == 1.0 and s.precision == 1.0 and s.duplicates == 0
+    [inc] = [i for i in incidents if i.confirmed_window is not None]
+    assert (inc.kind.value, inc.node, inc.cause.value) == ("job", None, "unknown")
+    assert any(e.signal == "net_retransmits_per_s" for e in inc.evidence)
+    assert any(e.signal == "missing" and "matched probes" in str(e.value) for e in inc.evidence)
 
 
 def test_replay_finds_an_island_fault_in_a_mixed_job():

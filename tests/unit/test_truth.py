@@ -10,7 +10,7 @@ from artemisd.cli.admin import format_result
 from artemisd.incident import Result
 from artemisd.pipeline import Analyzer, analyze_records
 from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, measured_loss
-from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, run
+from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, run, smtp  # noqa: F401 - fixture
 from tests.unit.windows import lockstep
 from torch_hook.telemetry.host import HostCounters, host_block
 
@@ -116,3 +116,83 @@ def test_a_slow_link_elsewhere_is_not_evidence_about_the_suspect():
     assert not any("n1" in e.note for e in judgement.evidence)
     # The same ring for a job-wide slowdown (no suspect): the link is the finding.
     assert judge_probe(results, set(), NODES, 0.04).node == "n1"
+
+
+def test_a_link_incident_with_only_its_link_is_drained_on_that_node():
+    from artemisd.incident import Cause, IncidentKind
+    from artemisd.remedy import propose
+
+    action = propose(IncidentKind.LINK, Cause.COMM_LINK, None, "7", link="n3")
+    assert (action.kind, action.target) == ("drain", "n3")
+    assert propose(IncidentKind.JOB, Cause.COMM_LINK, None, "7").kind == "escalate"
+
+
+def _answer(window, probe_id, slow_node):
+    """Each rank's matched-probe result for ``probe_id``: ring pairs touching ``slow_node`` are slow."""
+    from artemisd.wire import parse_record
+
+    node_of = [r.node for r in window]
+    world = len(window)
+    out = []
+    for r in window:
+        peer = (r.rank + 1) % world
+        ms = 30.0 if slow_node in (r.node, node_of[peer]) else 5.0
+        probe = {"id": probe_id, "gemm_ms": 10.0, "p2p": [{"peer": peer, "node": node_of[peer], "ms": ms}]}
+        out.append(parse_record({**r.model_dump(mode="json", exclude_none=True), "probe": probe}))
+    return out
+
+
+async def _degraded_link(h, slow_nodes, windows=range(0, 22)):
+    """Healthy windows, then every collective slower; each probe directive answered with
+    ring timings that are slow around the next node of ``slow_nodes``."""
+    answers = list(slow_nodes)
+    pending: list[str] = []
+    seen: set[str] = set()
+    for seq in windows:
+        h.clock.now += 10
+        window = lockstep(seq, HEALTHY, comm_ms=40.0 if seq >= 8 else 20.0,
+                          host={6: {"net_retransmits_per_s": 60.0}} if seq >= 8 else None)
+        if pending and answers:
+            window = _answer(window, pending.pop(0), answers.pop(0))
+        reply = await h.post(window)
+        for d in reply["directives"]:
+            if d["type"] == "probe" and d["id"] not in seen:
+                seen.add(d["id"])
+                pending.append(d["id"])
+        await h.daemon.run_once()
+    return seen
+
+
+def test_a_degraded_link_is_drained_once_two_probes_agree_and_nobody_was_told_unknown(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
+                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            probes = await _degraded_link(h, ["n2", "n2"], range(0, 13))
+            assert len(probes) == 2  # the second one did not wait ProbeMinInterval (300 s)
+            [inc] = [i for i in await h.incidents() if i["cause"] != "unknown" or i["state"] != "resolved"]
+            assert (inc["kind"], inc["cause"], inc["link"]) == ("link", "comm.link", "n2"), inc
+            # Drained on the node whose link it is (n3's retransmits stood out: not a reason).
+            assert h.slurm.nodes["n2"].drained and not h.slurm.nodes["n3"].drained
+            assert h.slurm.jobs["100"].excluded_nodes == ("n2",)
+            assert box.messages == []  # nobody was told "unknown job" while the probes were out
+    run(scenario)
+
+
+def test_probes_that_disagree_escalate_what_is_known_and_drain_nothing(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
+                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await _degraded_link(h, ["n2", "n1"])
+            assert not any(n.drained for n in h.slurm.nodes.values())
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and inc["link"] is None
+            [mail] = box.messages
+            text = mail.content.decode()
+            assert "n2, n1" in text  # what is known: the probes named two different links
+    run(scenario)
