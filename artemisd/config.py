@@ -206,6 +206,7 @@ class DaemonSettings(_Section):
     probe_timeout: Seconds = 120.0
     history_windows_kept: int = Field(default=200, ge=10, le=100_000)
     verify_windows: int = Field(default=3, ge=1, le=1000)
+    verify_warmup_windows: int = Field(default=3, ge=0, le=1000)
     recovery_fraction: float = Field(default=0.95, gt=0.0, le=2.0)
     retry_backoff: Seconds = 5.0
     retry_backoff_max: Seconds = 600.0
@@ -331,6 +332,8 @@ KEYS: dict[str, KeySpec] = {
     "ProbeTimeout": KeySpec("daemon", "probe_timeout", "how long a probe directive is offered"),
     "HistoryWindowsKept": KeySpec("daemon", "history_windows_kept", "windows per job kept in the state database"),
     "VerifyWindows": KeySpec("daemon", "verify_windows", "windows measured after an action to verify it"),
+    "VerifyWarmupWindows": KeySpec("daemon", "verify_warmup_windows",
+                                   "first windows of a requeued job left out of verification (warm-up)"),
     "RecoveryFraction": KeySpec("daemon", "recovery_fraction", "share of baseline throughput that counts as recovered"),
     "RetryBackoff": KeySpec("daemon", "retry_backoff", "first retry delay of a failed Slurm/SMTP call"),
     "RetryBackoffMax": KeySpec("daemon", "retry_backoff_max", "longest retry delay"),

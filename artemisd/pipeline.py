@@ -90,6 +90,7 @@ class _JobState:
     closed_through: int = -1
     open: dict[Hashable, _Open] = field(default_factory=dict)
     throughput: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=THROUGHPUT_DEPTH))
+    shapes: deque[verify.WindowShape] = field(default_factory=lambda: deque(maxlen=THROUGHPUT_DEPTH))
     env: dict[str, str | None] = field(default_factory=dict)
     late_reports: int = 0
     topology: int | None = None
@@ -193,6 +194,11 @@ class Analyzer:
         state = self._jobs.get((job, step))
         return list(state.throughput) if state else []
 
+    def window_shapes(self, job: str, step: str = "0") -> list[verify.WindowShape]:
+        """What each recent window of the job measured, and under which shape (ranks, work per step)."""
+        state = self._jobs.get((job, step))
+        return list(state.shapes) if state else []
+
     def probe_outstanding(self, incident_id: str) -> bool:
         """A matched probe was requested for this incident and its results are not judged yet."""
         for state in self._jobs.values():
@@ -278,6 +284,7 @@ class Analyzer:
 
         summary = detect.summarize(frame, frame.collectives)
         state.throughput.append((seq, summary.throughput))
+        state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps))
 
         subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)

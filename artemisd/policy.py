@@ -162,6 +162,11 @@ def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None) -> str | 
     return None
 
 
+def root_side_shows(cause: Cause, event: dict[str, Any], gpu: int | None = None) -> str | None:
+    """What a root-side node event shows of ``cause`` (None if it does not show it)."""
+    return _root_agrees(cause, event, gpu)
+
+
 def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
     for item in incident.evidence:
         if item.signal == "probe.gemm_ms" and isinstance(item.value, int | float) and isinstance(item.peers, int | float) \

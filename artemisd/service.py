@@ -339,17 +339,20 @@ class Daemon:
         return rec if run == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run}"})
 
     def _restarted(self, job: str, old_key: str, new_key: str) -> None:
+        """A job under an action started again (requeued): its incidents keep the run they were
+        seen in (healthy and slowed throughput come from it); verification follows the new run."""
         if self._restoring:
             return
         for stored in self.store.incidents(states=[S.VERIFYING, S.ACTING]):
-            if stored.job == job and (stored.step or "0") == old_key:
-                inc = Incident.model_validate(stored.body)
-                self._freeze_slowed(stored, inc)
-                stored.body = inc.contract_dict()
-                stored.step = new_key
-                stored.action_window = None
-                self.store.save_incident(stored)
-                self._audit(stored.id, "daemon", "job restarted", f"windows of {job} now counted as {new_key}")
+            if stored.job == job and (stored.step or "0").split(RUN_SEP, 1)[0] == new_key.split(RUN_SEP, 1)[0]:
+                self._audit(stored.id, "daemon", "job restarted",
+                            f"windows of {job} now counted as {new_key}; verified once back in steady state")
+
+    def _run_key(self, job: str, step: str) -> str:
+        """The key of the job step's latest run (``step`` itself unless it was restarted since)."""
+        base = step.split(RUN_SEP, 1)[0]
+        run = self._runs.get((job, base), (0, -1))[0]
+        return base if run == 0 else f"{base}{RUN_SEP}{run}"
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
         if isinstance(rec, WindowReport):
@@ -860,11 +863,23 @@ class Daemon:
 
     def _verify(self, stored: StoredIncident, now: float) -> None:
         inc = Incident.model_validate(stored.body)
-        series = self.analyzer.throughput(inc.job, stored.step or "0")
-        after = [v for seq, v in series if stored.action_window is None or seq > stored.action_window]
-        # The first window after the action may straddle it: skip it.
-        verdict = verify.verify(stored.baseline, after[1:], self.config.daemon.verify_windows,
-                                self.config.daemon.recovery_fraction)
+        d = self.config.daemon
+        origin = stored.step or "0"
+        current = self._run_key(inc.job, origin)
+        healthy = verify.healthy_shape(self.analyzer.window_shapes(inc.job, origin), inc.onset_window)
+        if current == origin:
+            # The same run goes on: the first window after the action may straddle it.
+            after, unlike, unlike_note = verify.after_windows(
+                self.analyzer.window_shapes(inc.job, origin), stored.action_window, healthy, 1)
+        else:
+            # A requeued job started again: judge it once back in steady state,
+            # after its warm-up windows (imports, process groups, first batches).
+            after, unlike, unlike_note = verify.after_windows(
+                self.analyzer.window_shapes(inc.job, current), None, healthy, d.verify_warmup_windows)
+        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction)
+        if not verdict.done and len(unlike) >= d.verify_windows:
+            verdict = verify.Verification(True, None, stored.baseline, None,
+                                          f"{unlike_note}: recovery cannot be judged like with like")
         if not verdict.done:
             last_seen = self.store.job_last_seen(inc.job)
             if last_seen is None or now - last_seen < VERIFY_SILENCE_S:
@@ -884,12 +899,13 @@ class Daemon:
             stored.decide = True
             self._audit(inc.id, "verify", "unresolved", verdict.note, now=now)
             if verdict.recovered is False:  # measured and not better: undo; unmeasurable: keep
-                self._roll_back(inc, now)
-                if inc.action is not None and inc.action.reversible:
+                if self._roll_back(inc, now) and inc.action is not None and inc.action.reversible:
                     inc.action.status = "rolled_back"
         self._save(stored, inc)
 
-    def _roll_back(self, inc: Incident, now: float) -> None:
+    def _roll_back(self, inc: Incident, now: float) -> bool:
+        """Undo the incident's reversible actions that did not help; False if one had to stay."""
+        undone = True
         for row in self.store.actions_of(inc.id):
             if row.status != "done":
                 continue
@@ -901,9 +917,30 @@ class Daemon:
                 self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}")
                 self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", "no recovery", now=now)
             elif row.kind == "drain":
+                still = self._fault_still_shown(inc, row.target)
+                if still:
+                    # Throughput did not come back, but the node still shows the
+                    # fault that drained it: resuming it would put a faulty node
+                    # back in service.  The drain stays; a person is told.
+                    self._audit(inc.id, "daemon", f"drain of {row.target} kept", still, now=now)
+                    undone = False
+                    continue
                 self.store.update_action(row.id, "rolled_back", "undrain queued")
                 self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now)
                 self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", "no recovery", now=now)
+        return undone
+
+    def _fault_still_shown(self, inc: Incident, node: str | None) -> str | None:
+        """What the node's latest root-side evidence still shows of the incident's cause (None: nothing)."""
+        evidence = self.store.node_evidence(node) if node else None
+        if evidence is None:
+            return None
+        gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
+        seen = policy.root_side_shows(inc.cause, evidence[1], gpu)
+        if seen is None:
+            return None
+        return (f"its latest root-side evidence ({self.clock() - evidence[0]:.0f} s old) still shows {seen}; "
+                f"not resumed")
 
     def _close_recovered(self, stored: StoredIncident, now: float) -> None:
         """The analyzer saw the subject healthy again: close it, unless an action is still in flight."""

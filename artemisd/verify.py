@@ -32,6 +32,68 @@ LOSS_TOLERANCE_PCT = 10.0
 
 
 @dataclass(frozen=True)
+class WindowShape:
+    """One job window's throughput and what it was measured under: like is compared with like.
+
+    ``samples_per_step`` is the job's global batch: samples of all ranks per
+    step (a rebalance moves samples between ranks, not this); ``steps`` the
+    median steps in the window (a window closed early by the time limit has
+    fewer: it is not a full window).
+    """
+
+    seq: int
+    throughput: float
+    world: int
+    samples_per_step: float | None
+    steps: float
+
+    @classmethod
+    def of(cls, seq: int, throughput: float, world: int, samples: np.ndarray, steps: np.ndarray) -> WindowShape:
+        counted = samples[np.isfinite(samples)]
+        median_steps = float(np.median(steps)) if steps.size else 0.0
+        batch = round(float(np.sum(counted)) / median_steps, 3) if counted.size and median_steps > 0 else None
+        return cls(seq, float(throughput), int(world), batch, median_steps)
+
+    def like(self, other: WindowShape) -> bool:
+        return self.world == other.world and self.samples_per_step == other.samples_per_step
+
+
+def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None) -> WindowShape | None:
+    """The shape of the job's last healthy window before the onset (what verification compares with)."""
+    before = [w for w in shapes if onset_window is None or w.seq < onset_window]
+    return before[-1] if before else None
+
+
+def after_windows(shapes: Sequence[WindowShape], action_window: int | None, healthy: WindowShape | None,
+                  skip: int) -> tuple[list[float], list[WindowShape], str]:
+    """The windows that may judge an action: (their throughputs, the unlike ones, a note).
+
+    ``shapes`` are the windows of the run being judged: the same run after
+    ``action_window``, or a requeued job's new run (``action_window`` None).
+    The first ``skip`` of them are left out (the window straddling the action;
+    a restarted job's warm-up), then every window that is not full (fewer
+    steps than a healthy window) is left out, and windows of another shape
+    (rank count, samples per rank per step) are set aside: they cannot be
+    compared with the healthy throughput.
+    """
+    after = [w for w in shapes if action_window is None or w.seq > action_window][skip:]
+    if healthy is not None:
+        after = [w for w in after if w.steps >= healthy.steps]
+    measured = [w for w in after if np.isfinite(w.throughput)]
+    if healthy is None:
+        return [w.throughput for w in measured], [], ""
+    like = [w.throughput for w in measured if w.like(healthy)]
+    unlike = [w for w in measured if not w.like(healthy)]
+    note = ""
+    if unlike:
+        w = unlike[-1]
+        note = (f"{len(unlike)} window(s) after the action ran {w.world} ranks, {w.samples_per_step} samples "
+                f"per step; the healthy windows ran {healthy.world} ranks, {healthy.samples_per_step}: "
+                f"not comparable")
+    return like, unlike, note
+
+
+@dataclass(frozen=True)
 class Verification:
     """``done`` False: not enough windows yet.  ``recovered`` None: could not be judged."""
 

@@ -194,8 +194,9 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
             assert h.slurm.nodes["n1"].reason == f"artemis: {inc['id']} gpu.thermal rank 2 {inc['ratio']:.2f}x"
             job = h.slurm.jobs["100"]
             assert job.excluded_nodes == ("n1",) and job.pending and not job.held
-            # The requeued job starts again (windows from 0) elsewhere, at full speed.
-            await h.windows(range(0, 4), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            # The requeued job starts again (windows from 0) elsewhere, at full speed; it is
+            # judged after its VerifyWarmupWindows (3) warm-up windows, on VerifyWindows (2).
+            await h.windows(range(0, 5), HEALTHY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
             [inc] = await h.incidents()
             assert inc["state"] == "resolved" and inc["result"]["recovered"] is True
             assert h.slurm.nodes["n1"].drained  # a fix that worked is kept
@@ -509,8 +510,10 @@ def test_each_rung_is_tried_once_then_a_person_is_told(tmp_path):
             await h.windows(range(8, 11), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [inc] = await h.incidents()
             assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying"
-            # The job restarts elsewhere and is still slow: the node was not the cause.
-            await h.windows(range(0, 5), SLOW_BUSY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
+            # The job restarts elsewhere and is still slow: the node was not the cause (and
+            # its node check no longer shows slow clocks, so its drain may be undone).
+            await h.node_event("n1", gpus=[{"index": 0, "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980}])
+            await h.windows(range(0, 6), SLOW_BUSY, nodes=["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"])
             inc, *later = await h.incidents()  # the new run's straggler on n4 is an incident of its own
             assert all(i["node"] != "n1" for i in later)
             assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate", inc

@@ -196,3 +196,64 @@ def test_probes_that_disagree_escalate_what_is_known_and_drain_nothing(tmp_path,
             text = mail.content.decode()
             assert "n2, n1" in text  # what is known: the probes named two different links
     run(scenario)
+
+
+REQUEUED = ["n0", "n0", "n4", "n4", "n2", "n2", "n3", "n3"]
+
+
+def test_requeued_job_is_judged_after_its_warm_up_and_a_hot_node_is_never_resumed(tmp_path):
+    """The incident of the issue: drain n1 (hot GPU), requeue, and the restarted job's
+    first windows are warm-up.  Judged on them the drain looked useless and was undone
+    while n1 was still at 93 °C.  Warm-up windows are left out; and even when the job
+    does not recover, a node whose node check still shows the fault is not resumed."""
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\nVerifyWarmupWindows=3\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            [inc] = await h.incidents()
+            assert inc["state"] == "verifying"
+            warm_up = [20.0 + 50.0] * WORLD  # imports, process groups: slow first windows
+            await h.windows(range(0, 3), warm_up, nodes=REQUEUED)
+            [inc] = await h.incidents()
+            assert inc["state"] == "verifying"  # not judged on warm-up windows
+            await h.windows(range(3, 5), HEALTHY, nodes=REQUEUED)
+            [inc] = await h.incidents()
+            assert inc["state"] == "resolved" and inc["result"]["recovered"] is True
+            assert h.slurm.nodes["n1"].drained
+    run(scenario)
+
+
+def test_a_drain_that_did_not_help_keeps_a_node_that_still_shows_the_fault(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            # Still slow after the requeue (something else is wrong too), while n1's
+            # node check still reports the thermal throttle.
+            await h.node_event("n1", gpus=[{"index": 0, "temp_c": 93, "throttle": ["hw_thermal"]}])
+            await h.windows(range(0, 6), SLOW, nodes=REQUEUED)
+            inc = (await h.incidents())[0]
+            assert inc["result"]["recovered"] is False
+            assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate", inc
+            assert h.slurm.nodes["n1"].drained  # not resumed while it shows the fault
+            shown = await h.show(inc["id"])
+            [kept] = [a for a in shown["audit"] if a["what"] == "drain of n1 kept"]
+            assert "hw_thermal" in kept["why"]
+            assert "undrain" not in [a["kind"] for a in shown["actions"]]
+    run(scenario)
+
+
+def test_windows_of_another_shape_are_not_compared_with_the_healthy_throughput(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\nVerifyWarmupWindows=1\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            # The requeued job came back with 6 ranks instead of 8: fewer samples/s, no matter the node.
+            await h.windows(range(0, 4), [50.0] * 6, nodes=REQUEUED[:6])
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and inc["result"]["recovered"] is None
+            shown = await h.show(inc["id"])
+            [note] = [a["why"] for a in shown["audit"] if a["what"] == "unresolved"]
+            assert "ran 6 ranks" in note and "healthy windows ran 8" in note and "like with like" in note
+            assert h.slurm.nodes["n1"].drained  # unmeasurable: nothing is undone
+    run(scenario)
