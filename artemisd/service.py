@@ -132,6 +132,7 @@ class Daemon:
         self._window_count: dict[str, int] = {}
         self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
+        self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._restoring = False
         self.restore()
 
@@ -359,6 +360,8 @@ class Daemon:
             gpu = rec.device.index if rec.device is not None else None
             self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
             self._steps[rec.job] = rec.step
+            if rec.rebalance_opt_in:
+                self._rebalance_opt_in.add(rec.job)
 
     def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.
@@ -525,6 +528,13 @@ class Daemon:
             if kind == "escalate":
                 self._start_escalation(stored, inc, recommended, now)
                 return
+            if kind == "rebalance" and inc.job not in self._rebalance_opt_in:
+                # Rebalancing is opt-in (the user guide): a job that does not read
+                # its work shares would only lose time to it.  Next rung at once.
+                self._audit(inc.id, "policy", f"rebalance {target or ''}: skipped",
+                            f"job {inc.job} did not opt in to rebalancing (no WeightedDistributedSampler "
+                            f"or work_share() in its ranks)", now=now)
+                continue
             if not d.enabled:
                 decision = policy.Decision(kind, "recommend", "Enabled=no: the kill switch is on")
             else:

@@ -205,6 +205,9 @@ class WindowReport(_Model):
     env: EnvFingerprint | None = None
     probe: ProbeResult | None = None
     dropped_reports: int | None = Field(default=None, ge=0)
+    # Extension of v1: true once the job reads its work shares (the probe's
+    # WeightedDistributedSampler or work_share()): rebalancing is opt-in.
+    rebalance_opt_in: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

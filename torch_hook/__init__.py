@@ -97,6 +97,14 @@ def add_samples(n: float) -> None:
             probe._fail("add_samples", err)
 
 
+def opt_in_to_rebalancing() -> None:
+    """Tell the daemon this job applies work shares (the sampler and ``work_share()`` do it):
+    without it, no rebalance is ever sent to the job."""
+    probe = _probe
+    if probe is not None:
+        probe.rebalance_opt_in = True
+
+
 def work_shares() -> dict[int, float]:
     """Agreed work shares by rank (absent ranks 1.0); empty unless rebalanced."""
     probe = _probe

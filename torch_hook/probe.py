@@ -84,6 +84,9 @@ class Probe:
         self._pending_shares: tuple[str, dict[int, float]] | None = None
         self._done_ids: set[str] = set()
         self._shares: dict[int, float] = {}
+        # The job reads its work shares (WeightedDistributedSampler, work_share()):
+        # only then can a rebalance directive change anything, and the daemon may send one.
+        self.rebalance_opt_in = False
         self._probe_result: dict[str, Any] | None = None
         self._control: Any = None
         self._agreement: tuple[Any, torch.Tensor, str | None, Any] | None = None
@@ -336,6 +339,8 @@ class Probe:
         device = backend.device(index) if backend is not None else None
         report["device"] = device or {"vendor": "cpu", "model": _cpu_model()}
         report["island"] = f"{report['device']['vendor']}:{report['device']['model']}"
+        if self.rebalance_opt_in:
+            report["rebalance_opt_in"] = True
         if backend is not None:
             gpu = backend.sample(index)
             if gpu:
@@ -370,6 +375,7 @@ class Probe:
 
     # -- work share ------------------------------------------------------------
     def work_shares(self) -> dict[int, float]:
+        self.rebalance_opt_in = True
         with self._lock:
             return dict(self._shares)
 

@@ -69,7 +69,10 @@ class WeightedDistributedSampler(Sampler[list[int]]):
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         if shares is None:
+            from torch_hook import opt_in_to_rebalancing
             from torch_hook import work_shares as shares
+
+            opt_in_to_rebalancing()
         self._shares = shares
         self.local_batch = batch_size
 

@@ -94,21 +94,21 @@ def test_gpu_clocks_are_corrected_by_the_node_check_and_recovery_is_measured(
     assert slurm_cluster.drain_reasons().get(node) is None  # fixed in place, nothing drained
 
 
-def test_loader_stall_rebalance_does_not_help_so_it_is_rolled_back_and_escalated(
+def test_loader_stall_in_a_job_that_did_not_opt_in_is_escalated_without_a_rebalance(
         slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, mailbox: Mailbox, job_factory: type) -> None:
     job, node = start(slurm_cluster, artemisd)
     mails_before = len(mailbox.subjects())
-    # The stall is per batch: handing the rank fewer samples cannot shorten it.
+    # The training script uses a plain DistributedSampler: it never opted in to
+    # rebalancing, so the rebalance rung is skipped and a person is told at once.
     with faults.LoaderStall(job.stall_dir, node, seconds_per_batch=0.25):
         incident = job.wait_incident(
             lambda i: i["cause"] == "input.loader" and i["state"] == "escalated",
-            "an input.loader incident escalated after a failed rebalance", timeout_s=240)
+            "an input.loader incident escalated", timeout_s=240)
     assert (incident["rank"], incident["node"]) == (FAULTY_RANK, node)
     detail = artemisd.get(f"/v1/incidents/{incident['id']}")
-    kinds = [(a["kind"], a["status"]) for a in detail["actions"]]
-    assert ("rebalance", "done") in kinds or ("rebalance", "rolled_back") in kinds
+    assert "rebalance" not in [a["kind"] for a in detail["actions"]]
     audit = " ".join(str(entry) for entry in detail["audit"]).lower()
-    assert "roll" in audit  # the reversible action that did not help was undone
+    assert "did not opt in" in audit
     comment = wait_for(lambda: job.info().get("AdminComment", "").strip(), "AdminComment")
     assert comment.startswith("artemis:") and incident["id"] in comment
     wait_for(lambda: len(mailbox.subjects()) > mails_before, "escalation email")

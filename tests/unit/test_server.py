@@ -321,7 +321,7 @@ def test_rebalance_directive_and_rollback_when_it_does_not_help(tmp_path):
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             data = [1.0] * WORLD
             data[SLOW_RANK] = 13.0
-            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(0, 8), HEALTHY, rebalance_opt_in=True)  # the job uses the weighted sampler
             replies = await h.windows(range(8, 12), SLOW_BUSY, data=data)
             [inc] = await h.incidents()
             assert inc["cause"] == "input.loader" and inc["action"]["kind"] == "rebalance"

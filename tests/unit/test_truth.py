@@ -257,3 +257,39 @@ def test_windows_of_another_shape_are_not_compared_with_the_healthy_throughput(t
             assert "ran 6 ranks" in note and "healthy windows ran 8" in note and "like with like" in note
             assert h.slurm.nodes["n1"].drained  # unmeasurable: nothing is undone
     run(scenario)
+
+
+def test_a_job_that_did_not_opt_in_is_never_rebalanced(tmp_path):
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=rebalance,escalate\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            data = [1.0] * WORLD
+            data[2] = 13.0
+            await h.windows(range(0, 8), HEALTHY)
+            replies = await h.windows(range(8, 12), SLOW, data=data)
+            [inc] = await h.incidents()
+            assert inc["cause"] == "input.loader"
+            assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate", inc
+            assert not [d for r in replies for d in r["directives"] if d["type"] == "rebalance"]
+            shown = await h.show(inc["id"])
+            assert [a["kind"] for a in shown["actions"]] == ["escalate"]
+            assert any("did not opt in" in a["why"] for a in shown["audit"])
+    run(scenario)
+
+
+def test_the_weighted_sampler_opts_the_job_in_and_a_plain_job_does_not(monkeypatch):
+    import torch_hook
+    from torch_hook.sampler import WeightedDistributedSampler
+
+    class Probe:
+        rebalance_opt_in = False
+
+        def work_shares(self):
+            return {}
+
+    probe = Probe()
+    monkeypatch.setattr(torch_hook, "_probe", probe)
+    WeightedDistributedSampler(range(100), 4, num_replicas=2, rank=0, shares=lambda: {})  # its own shares
+    assert probe.rebalance_opt_in is False
+    WeightedDistributedSampler(range(100), 4, num_replicas=2, rank=0)
+    assert probe.rebalance_opt_in is True

@@ -32,6 +32,7 @@ def lockstep(
     env: dict[str, str] | None = None,
     samples_per_step: int = 32,
     telemetry: bool = True,
+    rebalance_opt_in: bool = False,
 ) -> list[WindowReport]:
     world = len(busy)
     step = max(busy) + comm_ms
@@ -58,6 +59,8 @@ def lockstep(
             record["host"] = {**HEALTHY_HOST, **(host or {}).get(rank, {})}
         if env:
             record["env"] = env
+        if rebalance_opt_in:
+            record["rebalance_opt_in"] = True
         reports.append(parse_record(record))
     return reports
 
