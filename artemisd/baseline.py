@@ -17,7 +17,10 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RankBaseline:
-    """What is normal for each rank, from its healthy windows (arrays indexed by rank).
+    """What is normal for each rank, from its healthy windows.
+
+    The arrays are per column: column ``i`` is rank ``ranks[i]``, or rank ``i``
+    when ``ranks`` is None.  ``at(frame.rank)`` aligns them with a frame's rows.
 
     ``usual_ratio``  median of busy / island median: ~1.03 for a GPU that has
                      always been 3 % slower than its peers.
@@ -30,23 +33,44 @@ class RankBaseline:
     usual_ratio: np.ndarray
     busy: np.ndarray
     spread: np.ndarray
+    ranks: np.ndarray | None = None  # sorted
+
+    def at(self, ranks: np.ndarray) -> RankBaseline:
+        """The baseline of ``ranks`` (NaN for a rank never seen healthy), row for row."""
+        if self.ranks is None or (self.ranks.size == ranks.size and np.array_equal(self.ranks, ranks)):
+            return self
+        if self.ranks.size == 0:
+            empty = np.full(ranks.size, np.nan)
+            return RankBaseline(empty, empty, empty)
+        idx = np.minimum(np.searchsorted(self.ranks, ranks), self.ranks.size - 1)
+        hit = self.ranks[idx] == ranks
+
+        def pick(values: np.ndarray) -> np.ndarray:
+            out = np.full(ranks.size, np.nan)
+            out[hit] = values[idx[hit]]
+            return out
+        return RankBaseline(pick(self.usual_ratio), pick(self.busy), pick(self.spread))
 
 
 class RankHistory:
     """Per-rank busy time and ratio to the island median over the last ``depth`` healthy windows.
 
-    Ring buffers of shape (depth, world), so a 100k-rank window is one row
-    write.  The medians behind ``baseline()`` cost a sort of the whole
-    buffer; past the first few windows they move slowly, so they are then
-    recomputed only every ``refresh`` recorded windows.
+    Ring buffers of shape (depth, ranks seen), so a 100k-rank window is one
+    row write.  A column is added for each rank the first time it reports,
+    never for the world size a report claims: memory follows the ranks that
+    really sent something.  The medians behind ``baseline()`` cost a sort of
+    the whole buffer; past the first few windows they move slowly, so they
+    are then recomputed only every ``refresh`` recorded windows.
     """
 
-    def __init__(self, world: int, depth: int, min_windows: int = 3, refresh: int = 4):
+    def __init__(self, depth: int, min_windows: int = 3, refresh: int = 4):
         self.depth = depth
         self.min_windows = min_windows
         self.refresh = refresh
-        self._ratios = np.full((depth, world), np.nan, dtype=np.float32)
-        self._busy = np.full((depth, world), np.nan, dtype=np.float32)
+        self._ranks = np.empty(0, dtype=np.int64)  # the rank of each column, sorted
+        self._every = np.empty(0, dtype=np.intp)  # columns of a frame with every known rank
+        self._ratios = np.full((depth, 0), np.nan, dtype=np.float32)
+        self._busy = np.full((depth, 0), np.nan, dtype=np.float32)
         self._next = 0
         self.windows = 0
         self._cached: RankBaseline | None = None
@@ -60,13 +84,28 @@ class RankHistory:
         they are kept even while a job-wide incident is open; absolute busy
         times are not, and are kept only from windows where the job was clean.
         """
+        columns = self._columns(ranks)
         for buffer, values, keep in ((self._ratios, ratios, True), (self._busy, busy, job_clean)):
             row = buffer[self._next]
             row[:] = np.nan
             if keep:
-                row[ranks[healthy]] = values[healthy]
+                row[columns[healthy]] = values[healthy]
         self._next = (self._next + 1) % self.depth
         self.windows += 1
+
+    def _columns(self, ranks: np.ndarray) -> np.ndarray:
+        """Column of each rank (sorted, unique, as a frame's are), adding columns for new ranks."""
+        if ranks.size == self._ranks.size and np.array_equal(ranks, self._ranks):
+            return self._every
+        known = np.union1d(self._ranks, ranks)
+        if known.size != self._ranks.size:
+            where = np.searchsorted(known, self._ranks)
+            for name in ("_ratios", "_busy"):
+                grown = np.full((self.depth, known.size), np.nan, dtype=np.float32)
+                grown[:, where] = getattr(self, name)
+                setattr(self, name, grown)
+            self._ranks, self._every, self._cached = known, np.arange(known.size), None
+        return np.searchsorted(self._ranks, ranks)
 
     def baseline(self) -> RankBaseline | None:
         if self.windows < self.min_windows:
@@ -87,7 +126,7 @@ class RankHistory:
         if np.any(known):
             deviation = np.abs(self._busy[:, known] - busy[known])
             spread[known] = 1.4826 * _column_medians(deviation, 1) / np.maximum(busy[known], 1e-9)
-        return RankBaseline(usual, busy, spread)
+        return RankBaseline(usual, busy, spread, self._ranks)
 
 
 def _column_medians(values: np.ndarray, min_count: int) -> np.ndarray:

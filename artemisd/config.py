@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from artemisd.wire import DEFAULT_MAX_WORLD
+
 MAX_INCLUDE_DEPTH = 8
 
 
@@ -211,6 +213,7 @@ class DaemonSettings(_Section):
     retry_backoff: Seconds = 5.0
     retry_backoff_max: Seconds = 600.0
     job_cache_seconds: Seconds = 30.0
+    max_world: int = Field(default=DEFAULT_MAX_WORLD, ge=1, le=10_000_000)
 
     @model_validator(mode="after")
     def _loopback_for_none(self) -> DaemonSettings:
@@ -338,6 +341,7 @@ KEYS: dict[str, KeySpec] = {
     "RetryBackoff": KeySpec("daemon", "retry_backoff", "first retry delay of a failed Slurm/SMTP call"),
     "RetryBackoffMax": KeySpec("daemon", "retry_backoff_max", "longest retry delay"),
     "JobCacheSeconds": KeySpec("daemon", "job_cache_seconds", "how long a job's owner/partition is cached"),
+    "MaxWorld": KeySpec("daemon", "max_world", "largest world size (ranks per job) a report may claim"),
     "MailRelay": KeySpec("mail", "mail_relay", "SMTP relay HOST:PORT for escalations"),
     "MailFrom": KeySpec("mail", "mail_from", "sender address"),
     "MailTo": KeySpec("mail", "mail_to", "comma-separated recipients"),

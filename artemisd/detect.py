@@ -80,6 +80,8 @@ def detect_ranks(
 ) -> RankFlags:
     """Flag ranks whose busy time stands out from their island peers or from their own past.
 
+    ``baseline`` is aligned with the frame's rows (``RankBaseline.at(frame.rank)``).
+
     Peer test: see the module docstring.  The ratio is first divided by the
     rank's usual ratio (``baseline.usual_ratio``); only a usual slowness within
     MinSlowdown is discounted, so a straggler that was already slow when history
@@ -97,7 +99,7 @@ def detect_ranks(
     ratio = frame.busy / np.maximum(median, 1e-9)
     judged = ratio
     if baseline is not None:
-        usual = np.clip(np.nan_to_num(baseline.usual_ratio[frame.rank], nan=1.0), 1.0, 1.0 + settings.min_slowdown)
+        usual = np.clip(np.nan_to_num(baseline.usual_ratio, nan=1.0), 1.0, 1.0 + settings.min_slowdown)
         judged = ratio / usual
     z = (frame.busy - median) / sigma
     flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
@@ -110,7 +112,7 @@ def detect_ranks(
 
 
 def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline) -> np.ndarray:
-    own = baseline.busy[frame.rank]
+    own = baseline.busy
     known = np.isfinite(own)
     out = np.zeros(frame.size, dtype=bool)
     if not known.any():
@@ -127,7 +129,7 @@ def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseli
         sigma = max((p25 - p10) / 0.607, SIGMA_FLOOR)
         drift[rows] = p25 + 0.674 * sigma
         spread[rows] = sigma
-    own_spread = np.nan_to_num(baseline.spread[frame.rank], nan=SIGMA_FLOOR)
+    own_spread = np.nan_to_num(baseline.spread, nan=SIGMA_FLOOR)
     spread = np.maximum(spread, own_spread)
     relative = self_ratio / drift
     out[known] = (relative[known] >= 1.0 + settings.min_slowdown) & (

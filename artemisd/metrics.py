@@ -25,6 +25,12 @@ class Metrics:
         self.probe_cost_ms = Counter("artemis_probe_cost_ms_total",
                                      "Training time spent in matched probes (sum over ranks), ms", registry=r)
         self.auth_failures = Counter("artemis_auth_failures_total", "Rejected credentials", registry=r)
+        self.quarantined = Counter("artemis_quarantined_records_total",
+                                   "Records moved out of the replayed history (failed analysis or restore)",
+                                   registry=r)
+        self.item_failures = Counter("artemis_item_failures_total",
+                                     "Items refused by the last-resort guard (an unforeseen error), by stage",
+                                     ["stage"], registry=r)
         self.backend_errors = Counter("artemis_backend_errors_total", "Slurm/SMTP failures (retried)",
                                       ["backend"], registry=r)
 

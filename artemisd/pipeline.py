@@ -44,6 +44,13 @@ from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
 LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer arrives
+# Per-job state is bounded whatever the reports say: windows waiting for
+# reports (a job normally has LATE_WINDOWS + 1), job steps analysed at once
+# (the least recently reported is forgotten), probe results waiting for their
+# subject.  Per-rank state grows with the ranks that report, never with `world`.
+MAX_OPEN_WINDOWS = 8
+MAX_STEPS_PER_JOB = 16
+MAX_PENDING_PROBES = 16
 THROUGHPUT_DEPTH = 512  # windows of job throughput kept for verification
 STRAGGLER_SLACK = 3.0  # a step rise up to 3x the stragglers' excess is theirs: a straggler that is slow
 # at everything (CPU starved, say) is also slow in its collectives, so the step rises
@@ -95,6 +102,7 @@ class _JobState:
     late_reports: int = 0
     topology: int | None = None
     probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
+    touched: int = 0  # the analyzer's ingest count when this step last reported
 
 
 class _LazyPeers:
@@ -155,6 +163,7 @@ class Analyzer:
         self._references: dict[Hashable, list[WorkloadReference]] = {}
         self._probe_requests: list[ProbeRequest] = []
         self._ended: dict[str, int] = {}
+        self._ingested = 0
 
     # -- input ---------------------------------------------------------------
 
@@ -163,6 +172,8 @@ class Analyzer:
         if isinstance(record, NodeEvent):
             return self._node_event(record)
         state = self._job(record)
+        self._ingested += 1
+        state.touched = self._ingested
         seq = record.window.seq
         if seq <= state.closed_through:
             state.late_reports += 1
@@ -172,6 +183,8 @@ class Analyzer:
         ready = [s for s in state.buffers if s <= seq - LATE_WINDOWS]
         if len(state.buffers[seq]) >= state.world:
             ready.append(seq)
+        if len(state.buffers) > MAX_OPEN_WINDOWS:  # windows arriving out of any order: judge the oldest
+            ready.append(sorted(state.buffers)[-MAX_OPEN_WINDOWS - 1])
         for s in sorted(set(ready)):
             updates.extend(self._close_through(state, s))
         return updates
@@ -223,7 +236,11 @@ class Analyzer:
 
     def _new_job(self, job: str, step: str, world: int) -> _JobState:
         s = self.settings
-        state = _JobState(job, step, world, RankHistory(world, s.history_windows),
+        steps = [st for (j, _), st in self._jobs.items() if j == job]
+        if len(steps) >= MAX_STEPS_PER_JOB:
+            oldest = min(steps, key=lambda st: st.touched)
+            del self._jobs[(job, oldest.step)]
+        state = _JobState(job, step, world, RankHistory(s.history_windows),
                           JobHistory(s.history_windows), Persistence(s.confirm_windows))
         self._jobs[(job, step)] = state
         return state
@@ -279,6 +296,8 @@ class Analyzer:
         self._take_probe_results(state, frame, probes, changed)
 
         baseline = state.ranks.baseline()
+        if baseline is not None:
+            baseline = baseline.at(frame.rank)
         flags = detect.detect_ranks(frame, s, baseline)
         rows = flags.rows
 
@@ -318,7 +337,7 @@ class Analyzer:
             peers = _LazyPeers(frame, subject_rows, int(counts[frame.island[subject_rows[0]]]))
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
-            strict = baseline is None or bool(np.isnan(baseline.usual_ratio[frame.rank[subject_rows]]).any())
+            strict = baseline is None or bool(np.isnan(baseline.usual_ratio[subject_rows]).any())
             self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
                           lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
@@ -530,6 +549,8 @@ class Analyzer:
                             probes: dict[str, dict[int, ProbeResult]], changed: dict[str, Incident]) -> None:
         for probe_id, results in probes.items():
             state.probes.setdefault(probe_id, {}).update(results)
+        while len(state.probes) > MAX_PENDING_PROBES:  # ids nothing waits for (oldest first)
+            del state.probes[next(iter(state.probes))]
         if not state.probes:
             return
         node_of = {int(r): frame.node_names[int(n)] for r, n in zip(frame.rank, frame.node)}

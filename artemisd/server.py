@@ -224,7 +224,8 @@ async def get_status(request: web.Request) -> web.Response:
     d = daemon.config.daemon
     return _json({"version": __version__, "listen": d.listen, "dry_run": d.dry_run, "enabled": d.enabled,
                   "auth": d.auth_type, "incidents": counts, "jobs": daemon.store.jobs()[:50],
-                  "records": daemon.store.record_count(),
+                  "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
+                  "restore_skipped": daemon.restore_skipped,
                   "open_actions": len(daemon.store.due_actions(float("inf")))})
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 import structlog
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from artemisd import mail, policy, verify
 from artemisd.act import Actuator, Outcome, drain_reason
@@ -40,7 +42,7 @@ from artemisd.auth import Principal
 from artemisd.config import Config
 from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
 from artemisd.metrics import Metrics
-from artemisd.pipeline import Analyzer
+from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.remedy import propose
 from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, Store, StoredIncident
@@ -53,6 +55,10 @@ REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": Fal
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 PARTITION_CACHE_S = 60.0
 MAX_ITEMS_PER_REQUEST = 100_000
+MAX_DEPTH = 200  # pydantic-core's fixed nesting limit; a wire record needs 4
+_TOO_DEEP = "recursion limit exceeded"  # how pydantic-core says it
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
+MAX_LOGGED_FAILURES = 64  # kinds of unforeseen per-item failure logged with a traceback (once each)
 VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
 RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
 RESTART_GAP = 4  # a window this far below the highest seen starts a new run
@@ -76,30 +82,39 @@ class IngestResult:
 
 
 def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
-    """A JSON array or JSON Lines -> [(index, value or None, error)]; a bad line is a per-item error."""
-    text = body.decode("utf-8", errors="replace").strip()
+    """A JSON array or JSON Lines -> [(index, value or None, error)]; a bad item is an error of its own.
+
+    pydantic-core's parser (``from_json``, twice as fast as ``json.loads``)
+    decodes the common case.  It has a fixed nesting limit (``MAX_DEPTH``)
+    instead of Python's stack, and refuses invalid UTF-8 and lone surrogate
+    escapes; an item it refuses for those goes through ``json.loads`` (invalid
+    bytes kept as lone surrogates), so the wire models can name the field that
+    holds them, and only that item is refused.  A JSON array is one value: an
+    element too deep to decode ends the reading there (the elements before it
+    are kept); any other syntax error in a one-line array refuses the body.
+    """
+    text = body.strip()
     if not text:
         return []
-    if text.startswith("["):
-        # One JSON array — unless it does not parse as one and has several lines:
-        # then it is JSON Lines whose first line happens to be an array (an item error).
+    if text.startswith(b"["):
         try:
-            items = json.loads(text)
-        except json.JSONDecodeError as err:
-            if "\n" not in text:
-                raise IngestError(f"body is not a JSON array: {err.msg} at column {err.colno}") from None
+            values = from_json(text)
+        except ValueError:
+            items = _split_array(text)
         else:
-            if len(items) > MAX_ITEMS_PER_REQUEST:
+            if len(values) > MAX_ITEMS_PER_REQUEST:
                 raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
-            return [(i, item, None) for i, item in enumerate(items)]
+            items = [(i, value, None) for i, value in enumerate(values)]
+        if items is not None:
+            return items
     out: list[tuple[int, Any, str | None]] = []
-    for i, line in enumerate(text.splitlines()):
+    for i, line in enumerate(text.split(b"\n")):
         if i >= MAX_ITEMS_PER_REQUEST:
             raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
         try:
-            out.append((i, json.loads(line), None))
-        except json.JSONDecodeError as err:
-            out.append((i, None, f"not JSON: {err.msg} at column {err.colno}"))
+            out.append((i, from_json(line), None))
+        except ValueError as err:
+            out.append(_careful_item(i, line, str(err)))
     return out
 
 
@@ -109,6 +124,75 @@ def _rounded(value: float | None) -> float | None:
 
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
     return (inc.kind.value, inc.cause.value, inc.node, inc.link)
+
+
+def _careful_item(index: int, raw: bytes, why: str) -> tuple[int, Any, str | None]:
+    """An item pydantic-core refused: too deep stays refused; otherwise the standard library tries."""
+    if _TOO_DEEP in why:
+        return index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"
+    try:
+        return index, json.loads(raw.decode("utf-8", errors="surrogateescape")), None
+    except json.JSONDecodeError as err:
+        return index, None, f"not JSON: {err.msg} at column {err.colno}"
+    except RecursionError:
+        return index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"
+
+
+def _split_array(body: bytes) -> list[tuple[int, Any, str | None]] | None:
+    """Element by element through an array pydantic-core refused as a whole.
+
+    None: not one JSON array (a syntax error): the caller reads JSON Lines when
+    the body has several lines, or refuses the body.
+    """
+    text = body.decode("utf-8", errors="surrogateescape")
+    decoder = json.JSONDecoder()
+    out: list[tuple[int, Any, str | None]] = []
+    pos = _skip_ws(text, 1)
+    if text.startswith("]", pos):
+        return out if _skip_ws(text, pos + 1) == len(text) else _not_an_array(text, "trailing data")
+    while True:
+        index = len(out)
+        if index >= MAX_ITEMS_PER_REQUEST:
+            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            out.append((index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels; "
+                                     f"the rest of the array was not read"))
+            return out
+        except json.JSONDecodeError as err:
+            return _not_an_array(text, f"{err.msg} at column {err.colno}")
+        segment = text[pos:end]
+        # Only a segment with that many brackets can be too deep: parse it again to be sure.
+        if segment.count("[") + segment.count("{") > MAX_DEPTH and _deeper_than_limit(segment):
+            out.append((index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"))
+        else:
+            out.append((index, value, None))
+        pos = _skip_ws(text, end)
+        if text.startswith(",", pos):
+            pos = _skip_ws(text, pos + 1)
+        elif text.startswith("]", pos):
+            return out if _skip_ws(text, pos + 1) == len(text) else _not_an_array(text, "trailing data")
+        else:
+            return _not_an_array(text, f"expected ',' or ']' at column {pos + 1}")
+
+
+def _not_an_array(text: str, why: str) -> None:
+    if "\n" not in text:
+        raise IngestError(f"body is not a JSON array: {why}")
+    return None  # JSON Lines whose first line happens to be an array (an item error)
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    return _WHITESPACE.match(text, pos).end()
+
+
+def _deeper_than_limit(segment: str) -> bool:
+    try:
+        from_json(segment.encode("utf-8", errors="surrogateescape"))
+    except ValueError as err:
+        return _TOO_DEEP in str(err)
+    return False
 
 
 def subject_of(inc: Incident) -> str:
@@ -134,6 +218,8 @@ class Daemon:
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._restoring = False
+        self._logged_failures: set[tuple[str, str]] = set()
+        self.restore_skipped = 0
         self.restore()
 
     # --- configuration ---------------------------------------------------
@@ -147,37 +233,66 @@ class Daemon:
     # --- restart ------------------------------------------------------------
 
     def restore(self) -> None:
+        """Rebuild the analyzer from the stored history; stored data can never stop this.
+
+        A record that does not decode, is out of today's bounds, or fails
+        analysis is quarantined (never replayed again) and counted in
+        ``restore_skipped`` (``artemis status``).
+        """
         stored = self.store.incidents()
         by_subject: dict[str, list[StoredIncident]] = {}
         for inc in stored:
             by_subject.setdefault(inc.subject, []).append(inc)
         self._restoring = True
         fed = 0
+        bad: list[tuple[int, str]] = []
+        context = self._context()
         try:
             for rec in self.store.records():
                 try:
-                    record = parse_record(rec.body)
-                except ReportError:
-                    continue
-                if type(record) is WindowReport:
-                    self._seed_run(record)
-                self._remember(record)
-                for update in self.analyzer.ingest(record):
-                    self._bind_restored(update, by_subject)
-                fed += 1
+                    record = parse_record(json.loads(rec.body), context=context)
+                    if type(record) is WindowReport:
+                        self._seed_run(record)
+                    self._remember(record)
+                    for update in self.analyzer.ingest(record):
+                        self._bind_restored(update, by_subject)
+                    fed += 1
+                except ReportError as err:
+                    bad.append((rec.seq, f"restore: {err}"))
+                except Exception as err:  # noqa: BLE001 - stored data must never stop a start
+                    bad.append((rec.seq, f"restore: {self._unforeseen('restoring', err)}"))
             self.analyzer.pending_probes()  # already issued (or refused) before the restart
         finally:
             self._restoring = False
+        if bad:
+            self.store.quarantine(bad, self.clock())
+            self.metrics.quarantined.inc(len(bad))
+            log.warning("stored records skipped and quarantined", count=len(bad), first=bad[0][1][:300])
+        self.restore_skipped = len(bad)
         if fed or stored:
-            log.info("state restored", records=fed, incidents=len(stored), bound=len(self._bound))
+            log.info("state restored", records=fed, skipped=len(bad), incidents=len(stored), bound=len(self._bound))
         self._update_gauges()
+
+    def _context(self) -> dict[str, Any]:
+        return {"max_world": self.config.daemon.max_world}
+
+    def _unforeseen(self, stage: str, err: BaseException) -> str:
+        """The last-resort guard's reason for one item; each kind of failure is logged once, with its traceback."""
+        what = f"{type(err).__name__}: {err}"[:300]
+        kind = (stage, type(err).__name__)
+        if kind not in self._logged_failures and len(self._logged_failures) < MAX_LOGGED_FAILURES:
+            self._logged_failures.add(kind)
+            log.error("unforeseen failure on one item; it is refused, the others are kept", stage=stage,
+                      error=what, exc_info=err)
+        self.metrics.item_failures.labels(stage).inc()
+        return f"internal error while {stage} this item ({what})"
 
     def _seed_run(self, rec: WindowReport) -> None:
         base, _, run = rec.step.partition(RUN_SEP)
         current = (int(run) if run.isdigit() else 0, rec.window.seq)
         known = self._runs.get((rec.job, base))
         if known is None or current[0] > known[0] or (current[0] == known[0] and current[1] > known[1]):
-            self._runs[(rec.job, base)] = current
+            self._set_run(rec.job, base, current)
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
         if update.id in self._bound:
@@ -203,12 +318,15 @@ class Daemon:
         2-3x cheaper than item by item); any error sends the batch through the
         per-item path, which names every bad item's field and reason.
         """
+        context = self._context()
         if all(error is None for _, _, error in items):
             try:
-                records = _BATCH.validate_python([obj for _, obj, _ in items])
+                records = _BATCH.validate_python([obj for _, obj, _ in items], context=context)
                 return [(index, rec) for (index, _, _), rec in zip(items, records)], []
             except ValidationError:
                 pass
+            except Exception as err:  # noqa: BLE001 - the per-item path below names the item
+                self._unforeseen("validating", err)
         good: list[tuple[int, WindowReport | NodeEvent]] = []
         bad: list[dict[str, Any]] = []
         for index, obj, error in items:
@@ -216,9 +334,11 @@ class Daemon:
                 bad.append({"index": index, "error": error})
                 continue
             try:
-                good.append((index, parse_record(obj)))
+                good.append((index, parse_record(obj, context=context)))
             except ReportError as err:
                 bad.append({"index": index, "error": "; ".join(f"{p or '<record>'}: {r}" for p, r in err.problems)})
+            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
+                bad.append({"index": index, "error": self._unforeseen("validating", err)})
         return good, bad
 
     def jobs_needing_owner_check(self, principal: Principal,
@@ -231,7 +351,11 @@ class Daemon:
         """uid owning each job, asked of Slurm (cached ``JobCacheSeconds``)."""
         out: dict[str, int | None] = {}
         for job in jobs:
-            info = await self.job_info(job)
+            try:
+                info = await self.job_info(job)
+            except Exception as err:  # noqa: BLE001 - an unreadable answer about one job: that job is refused
+                self._unforeseen("looking up the owner of", err)
+                info = None
             out[job] = info.user_id if info else None
         return out
 
@@ -264,50 +388,91 @@ class Daemon:
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                owners: dict[str, int | None] | None = None, rejected: list[dict[str, Any]] | None = None) -> IngestResult:
-        """Store and analyze validated records; a record for a job the sender does not own is rejected."""
+        """Store and analyze validated records; a record for a job the sender does not own is rejected.
+
+        Each record is stored, then analysed, under a last-resort guard: an
+        unforeseen failure refuses that record alone (its reason in the reply,
+        logged once per kind), and one that fails analysis is quarantined so a
+        restart never replays it.
+        """
         now = self.clock()
         result = IngestResult(rejected=list(rejected or []))
         rows = []
-        kept: list[WindowReport | NodeEvent] = []
+        kept: list[tuple[int, WindowReport | NodeEvent]] = []
         owners = owners or {}
         for index, rec in records:
             problem = None if principal.root_side else self._not_allowed(rec, principal, owners)
             if problem:
                 result.rejected.append({"index": index, "error": problem})
                 continue
-            if type(rec) is WindowReport:
-                rec = self._run_of(rec)
-            body = rec.model_dump_json(exclude_none=True)
+            try:
+                if type(rec) is WindowReport:
+                    rec = self._run_of(rec)
+                body = rec.model_dump_json(exclude_none=True)
+            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
+                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                continue
             if type(rec) is WindowReport:
                 rows.append((rec.job, rec.window.seq, rec.node, now, principal.uid, principal.root_side, body))
             else:
                 rows.append((rec.job, None, rec.node, now, principal.uid, principal.root_side, body))
-                if principal.root_side:
-                    self.store.set_node_evidence(rec.node, now, principal.uid, body)
-            kept.append(rec)
-        if rows:
-            self.store.add_records(rows)
+            kept.append((index, rec))
+        seqs = self._store_rows(rows, kept, result)
         steps: set[tuple[str, str]] = set()
-        for rec in kept:
-            self._remember(rec)
-            if isinstance(rec, WindowReport):
-                steps.add((rec.job, rec.step.split(RUN_SEP, 1)[0]))
-                if rec.probe is not None:
-                    self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
-                    if rec.probe.cost_ms:
-                        self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
-            for update in self.analyzer.ingest(rec):
-                self._publish(update, now)
+        analysed: list[WindowReport | NodeEvent] = []
+        failed: list[tuple[int, str]] = []
+        for (index, rec), seq, row in zip(kept, seqs, rows):
+            if seq is None:
+                continue
+            try:
+                if type(rec) is NodeEvent and principal.root_side:
+                    self.store.set_node_evidence(rec.node, now, principal.uid, row[-1])
+                self._remember(rec)
+                if isinstance(rec, WindowReport):
+                    steps.add((rec.job, rec.step.split(RUN_SEP, 1)[0]))
+                    if rec.probe is not None:
+                        self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
+                        if rec.probe.cost_ms:
+                            self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
+                for update in self.analyzer.ingest(rec):
+                    self._publish(update, now)
+            except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
+                reason = self._unforeseen("analysing", err)
+                failed.append((seq, reason))
+                result.rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
+                continue
+            analysed.append(rec)
+        if failed:
+            self.store.quarantine(failed, now)
+            self.metrics.quarantined.inc(len(failed))
         self._issue_probes(now)
-        self._prune(kept)
+        self._prune(analysed)
         if principal.root_side:
-            self._forget_ended(kept)
-        result.accepted = len(kept)
-        self.metrics.reports.labels("accepted").inc(len(kept))
+            self._forget_ended(analysed)
+        result.accepted = len(analysed)
+        self.metrics.reports.labels("accepted").inc(len(analysed))
         self.metrics.reports.labels("rejected").inc(len(result.rejected))
         for job, step in sorted(steps):
             result.directives.extend(self.store.directives_for(job, step, now))
         return result
+
+    def _store_rows(self, rows: list[tuple], kept: list[tuple[int, WindowReport | NodeEvent]],
+                    result: IngestResult) -> list[int | None]:
+        """One transaction for the batch; if it fails, row by row, refusing only the rows that fail."""
+        if not rows:
+            return []
+        try:
+            return list(self.store.add_records(rows))
+        except Exception as err:  # noqa: BLE001 - find the row that fails; keep the others
+            self._unforeseen("storing", err)
+        seqs: list[int | None] = []
+        for row, (index, _) in zip(rows, kept):
+            try:
+                seqs.extend(self.store.add_records([row]))
+            except Exception as err:  # noqa: BLE001 - that row alone is refused
+                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                seqs.append(None)
+        return seqs
 
     def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal, owners: dict[str, int | None]) -> str | None:
         if rec.job is None:
@@ -336,8 +501,16 @@ class Daemon:
             old_key = base if run == 0 else f"{base}{RUN_SEP}{run}"
             run, top = run + 1, seq
             self._restarted(rec.job, old_key, f"{base}{RUN_SEP}{run}")
-        self._runs[(rec.job, base)] = (run, max(top, seq))
+        self._set_run(rec.job, base, (run, max(top, seq)))
         return rec if run == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run}"})
+
+    def _set_run(self, job: str, base: str, value: tuple[int, int]) -> None:
+        if (job, base) not in self._runs:
+            # Step names are the sender's: as many as the analyzer keeps per job, the oldest goes.
+            steps = [key for key in self._runs if key[0] == job]
+            if len(steps) >= MAX_STEPS_PER_JOB:
+                del self._runs[steps[0]]
+        self._runs[(job, base)] = value
 
     def _restarted(self, job: str, old_key: str, new_key: str) -> None:
         """A job under an action started again (requeued): its incidents keep the run they were

@@ -17,6 +17,10 @@ What is kept, and why it is enough to survive ``kill -9``:
   (the actuator reads Slurm first), so a completed action is never repeated.
 * ``audit``: append-only (triggers forbid UPDATE and DELETE): who, what, why,
   result, for every decision and every action attempt.
+* ``quarantine``: records that once failed analysis (or could not be read
+  back), moved out of ``records`` with the reason, so a restart never
+  replays them; the last ``QUARANTINE_KEPT`` are kept for inspection and the
+  ``quarantined`` counter counts them all.
 * ``directives``, ``corrections``, ``node_evidence``, ``jobs``, ``throughput``,
   ``counters``: the live loop's small tables.
 
@@ -79,7 +83,11 @@ CREATE INDEX IF NOT EXISTS corrections_node ON corrections(node, status);
 CREATE TABLE IF NOT EXISTS node_evidence (
     node TEXT PRIMARY KEY, received REAL NOT NULL, uid INTEGER, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (
+    seq INTEGER PRIMARY KEY, job TEXT, window INTEGER, node TEXT, received REAL,
+    uid INTEGER, root INTEGER, body TEXT NOT NULL, reason TEXT NOT NULL, quarantined REAL NOT NULL);
 """
+QUARANTINE_KEPT = 10_000
 
 # Action rows move queued -> running -> done | failed, or wait in
 # pending_approval (-> queued | denied).  ``running`` means "intent recorded,
@@ -89,11 +97,13 @@ ACTION_OPEN = ("queued", "running")
 
 @dataclass(frozen=True)
 class StoredRecord:
+    """A stored record as written: ``body`` is its JSON text, decoded by the reader (it may not decode)."""
+
     seq: int
     received: float
     uid: int | None
     root: bool
-    body: dict[str, Any]
+    body: str
 
 
 @dataclass
@@ -176,8 +186,12 @@ class Store:
 
     # --- records ----------------------------------------------------------
 
-    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]) -> None:
-        """rows: (job, window seq, node, received, uid, root, body JSON); jobs' last_seen in the same transaction."""
+    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]
+                    ) -> list[int]:
+        """rows: (job, window seq, node, received, uid, root, body JSON); jobs' last_seen in the same transaction.
+
+        Returns the rows' ``seq`` (what ``quarantine`` takes), in order.
+        """
         seen: dict[str, tuple[float, int | None]] = {}
         for job, window, _, received, *_ in rows:
             if job is not None:
@@ -186,10 +200,40 @@ class Store:
         with self._tx() as db:
             db.executemany("INSERT INTO records(job, window, node, received, uid, root, body) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            # One writer inside BEGIN IMMEDIATE: AUTOINCREMENT hands out consecutive numbers.
+            last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
             db.executemany("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
                            "last_window = COALESCE(excluded.last_window, last_window)",
                            [(job, t, t, w) for job, (t, w) in seen.items()])
+        return list(range(last - len(rows) + 1, last + 1))
+
+    def quarantine(self, seqs: Iterable[tuple[int, str]], now: float | None = None) -> int:
+        """Move records ``(seq, reason)`` out of the replayed history; returns how many moved."""
+        now = time.time() if now is None else now
+        moved = 0
+        with self._tx() as db:
+            for seq, reason in seqs:
+                cur = db.execute("INSERT OR REPLACE INTO quarantine SELECT seq, job, window, node, received, uid, "
+                                 "root, body, ?, ? FROM records WHERE seq = ?", (reason[:2000], now, seq))
+                db.execute("DELETE FROM records WHERE seq = ?", (seq,))
+                moved += cur.rowcount
+            db.execute("DELETE FROM quarantine WHERE seq <= (SELECT seq FROM quarantine ORDER BY seq DESC "
+                       "LIMIT 1 OFFSET ?)", (QUARANTINE_KEPT,))
+            db.execute("INSERT INTO counters(name, value) VALUES ('quarantined', ?) "
+                       "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (moved,))
+        return moved
+
+    def quarantined(self) -> int:
+        """Records ever quarantined (the table keeps the last ``QUARANTINE_KEPT``)."""
+        row = self.db.execute("SELECT value FROM counters WHERE name = 'quarantined'").fetchone()
+        return row[0] if row else 0
+
+    def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT seq, job, node, uid, reason, quarantined, body FROM quarantine "
+                              "ORDER BY seq DESC LIMIT ?", (limit,))
+        cols = ("seq", "job", "node", "uid", "reason", "quarantined", "body")
+        return [dict(zip(cols, row)) for row in cur]
 
     def prune_records(self, job: str, keep_windows: int) -> int:
         """Keep the last ``keep_windows`` windows of ``job`` (its node events with them)."""
@@ -209,7 +253,7 @@ class Store:
     def records(self) -> Iterator[StoredRecord]:
         cur = self.db.execute("SELECT seq, received, uid, root, body FROM records ORDER BY seq")
         for seq, received, uid, root, body in cur:
-            yield StoredRecord(seq, received, uid, bool(root), json.loads(body))
+            yield StoredRecord(seq, received, uid, bool(root), body)
 
     def record_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM records").fetchone()[0]

@@ -15,6 +15,15 @@ Rules the models enforce, because tools outside this repository rely on them:
   never zero: it stays ``None``.
 * ``gpu.throttle`` uses one vocabulary for every vendor (``THROTTLE_REASONS``);
   ``[]`` means "measured, none active".
+* Everything is bounded before it is stored (a report comes from a job's
+  owner and may be hostile): integers within int64 and their sane range,
+  floats finite (NaN and Infinity are refused, not stored as null), strings at
+  most ``MAX_TEXT`` characters (identifiers ``MAX_ID``) of valid Unicode (a
+  lone surrogate escape is refused), lists and maps at most ``MAX_ITEMS``
+  entries, ``rank < world <= MaxWorld`` (``DEFAULT_MAX_WORLD``, or the
+  ``max_world`` in the validation context).  Nesting depth and invalid UTF-8
+  are the body decoder's business (``check_strings`` walks an item that may
+  hold either).
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -48,7 +59,16 @@ ThrottleReason = Literal[
 ]
 THROTTLE_REASONS: tuple[str, ...] = get_args(ThrottleReason)
 
+INT64_MAX = 2**63 - 1
+DEFAULT_MAX_WORLD = 65_536  # artemis.conf MaxWorld; replay and restore use it too
+MAX_ID = 255  # job, step, node, island: a hostname is at most 255 bytes
+MAX_TEXT = 1024  # any other string (model names, versions, fingerprints)
+MAX_ITEMS = 1024  # entries of any list or map in one record
+MAX_STEPS = 2**31 - 1  # steps in one window: a window is seconds to minutes long
+
 NonNegative = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID)]
 # Tolerance when a report carries busy *and* comm_wait: probes round each field
 # independently, so busy + comm_wait may differ from step by a little.
 _BUSY_SLACK_MS = 0.5
@@ -57,22 +77,24 @@ _BUSY_SLACK_REL = 0.01
 
 class _Model(BaseModel):
     # Unknown fields are ignored (wire contract); models are immutable values.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # NaN/Infinity would be stored as null and skipped on restore, so that the
+    # daemon's state after a restart would differ from before: refused here.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False, str_max_length=MAX_TEXT)
 
 
 class Device(_Model):
     vendor: str = Field(min_length=1)
     model: str = Field(min_length=1)
-    index: int | None = Field(default=None, ge=0)
+    index: int | None = Field(default=None, ge=0, le=INT64_MAX)
     uuid: str | None = None
 
 
 class WindowSpan(_Model):
     """Window ``seq`` covers steps ``[first_step, first_step + steps)``; wall clock t0..t1 (s)."""
 
-    seq: int = Field(ge=0)
-    first_step: int = Field(ge=0)
-    steps: int = Field(gt=0)
+    seq: int = Field(ge=0, le=INT64_MAX)
+    first_step: int = Field(ge=0, le=INT64_MAX - MAX_STEPS)
+    steps: int = Field(gt=0, le=MAX_STEPS)
     t0: float
     t1: float
 
@@ -124,7 +146,7 @@ class StepTimes(_Model):
 class Collective(_Model):
     op: str = Field(min_length=1)
     group: str = "world"
-    calls: int = Field(ge=0)
+    calls: Count
     bytes: NonNegative | None = None
     ms: NonNegative  # total over the window, not per step
 
@@ -137,9 +159,9 @@ class GpuTelemetry(_Model):
     default_power_limit_w: NonNegative | None = None
     temp_c: float | None = None
     util_pct: Annotated[float, Field(ge=0, le=100)] | None = None
-    throttle: tuple[ThrottleReason, ...] | None = None
-    ecc_uncorrected: int | None = Field(default=None, ge=0)
-    pcie_replay: int | None = Field(default=None, ge=0)
+    throttle: tuple[ThrottleReason, ...] | None = Field(default=None, max_length=len(THROTTLE_REASONS))
+    ecc_uncorrected: Count | None = None
+    pcie_replay: Count | None = None
 
 
 class HostTelemetry(_Model):
@@ -164,9 +186,9 @@ class EnvFingerprint(_Model):
 class P2PTiming(_Model):
     """One point-to-point transfer of the probe's ring: this rank -> ``peer``."""
 
-    peer: int = Field(ge=0)
+    peer: int = Field(ge=0, le=INT64_MAX)
     ms: NonNegative
-    node: str | None = None
+    node: str | None = Field(default=None, max_length=MAX_ID)
 
 
 class ProbeResult(_Model):
@@ -177,34 +199,34 @@ class ProbeResult(_Model):
     ``p2p`` the rank's sends in a ring.  ``id`` echoes the directive.
     """
 
-    id: str
+    id: str = Field(max_length=MAX_ID)
     gemm_ms: NonNegative | None = None
     gemm_tflops: NonNegative | None = None
     allreduce_ms: NonNegative | None = None
-    p2p: tuple[P2PTiming, ...] = ()
+    p2p: tuple[P2PTiming, ...] = Field(default=(), max_length=MAX_ITEMS)
     cost_ms: NonNegative | None = None
 
 
 class WindowReport(_Model):
     type: Literal["window"]
     v: Literal[1]
-    job: str = Field(min_length=1)
-    step: str = "0"
-    rank: int = Field(ge=0)
-    world: int = Field(gt=0)
-    node: str = Field(min_length=1)
+    job: Id
+    step: Id = "0"
+    rank: int = Field(ge=0, le=INT64_MAX)
+    world: int = Field(gt=0, le=INT64_MAX)
+    node: Id
     device: Device | None = None
-    island: str | None = None
+    island: str | None = Field(default=None, max_length=MAX_ID)
     window: WindowSpan
     ms: StepTimes
-    ms_p50: dict[str, NonNegative] | None = None
+    ms_p50: dict[Annotated[str, Field(max_length=32)], NonNegative] | None = Field(default=None, max_length=16)
     samples: NonNegative | None = None
-    collectives: tuple[Collective, ...] | None = None
+    collectives: tuple[Collective, ...] | None = Field(default=None, max_length=MAX_ITEMS)
     gpu: GpuTelemetry | None = None
     host: HostTelemetry | None = None
     env: EnvFingerprint | None = None
     probe: ProbeResult | None = None
-    dropped_reports: int | None = Field(default=None, ge=0)
+    dropped_reports: Count | None = None
     # Extension of v1: true once the job reads its work shares (the probe's
     # WeightedDistributedSampler or work_share()): rebalancing is opt-in.
     rebalance_opt_in: bool | None = None
@@ -220,6 +242,16 @@ class WindowReport(_Model):
                     fixed[key] = str(fixed[key])
             return fixed
         return raw
+
+    @field_validator("world")
+    @classmethod
+    def _world_bounded(cls, world: int, info: ValidationInfo) -> int:
+        # Per-rank state is sized by the ranks a job really has, but a world
+        # beyond any real job is refused outright (MaxWorld, artemis.conf).
+        limit = (info.context or {}).get("max_world", DEFAULT_MAX_WORLD)
+        if world > limit:
+            raise ValueError(f"{world} is above MaxWorld ({limit})")
+        return world
 
     @model_validator(mode="after")
     def _rank_in_world(self) -> WindowReport:
@@ -242,7 +274,7 @@ class WindowReport(_Model):
 
 
 class NodeGpu(_Model):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=INT64_MAX)
     vendor: str | None = None
     model: str | None = None
     uuid: str | None = None
@@ -262,19 +294,19 @@ class NodeFingerprint(_Model):
 
 
 class NodeProbe(_Model):
-    gemm_tflops: tuple[NonNegative, ...] = ()
-    membw_gbs: tuple[NonNegative, ...] = ()
+    gemm_tflops: tuple[NonNegative, ...] = Field(default=(), max_length=MAX_ITEMS)
+    membw_gbs: tuple[NonNegative, ...] = Field(default=(), max_length=MAX_ITEMS)
 
 
 class NodeEvent(_Model):
     type: Literal["node"]
     v: Literal[1]
     event: Literal["job_start", "job_end", "health", "probe"]
-    job: str | None = None
-    node: str = Field(min_length=1)
+    job: Id | None = None
+    node: Id
     time: float
     fingerprint: NodeFingerprint | None = None
-    gpus: tuple[NodeGpu, ...] | None = None
+    gpus: tuple[NodeGpu, ...] | None = Field(default=None, max_length=MAX_ITEMS)
     probe: NodeProbe | None = None
     host: HostTelemetry | None = None
 
@@ -310,19 +342,24 @@ def _path(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("window", "node"):
         parts = parts[1:]
-    return ".".join(parts)
+    # A map key is the sender's text: shortened, and escaped where it is not valid Unicode.
+    return ".".join(p[:64].encode("utf-8", "backslashreplace").decode("utf-8") for p in parts)
 
 
-def parse_record(obj: Any, where: str | None = None) -> WindowReport | NodeEvent:
-    """Validate one decoded JSON value; raise ReportError naming field and reason."""
+def parse_record(obj: Any, where: str | None = None, context: dict[str, Any] | None = None
+                 ) -> WindowReport | NodeEvent:
+    """Validate one decoded JSON value; raise ReportError naming field and reason.
+
+    ``context``: ``{"max_world": N}`` (the daemon's MaxWorld; default ``DEFAULT_MAX_WORLD``).
+    """
     if not isinstance(obj, dict):
         raise ReportError([("", f"expected a JSON object, got {type(obj).__name__}")], where)
     if obj.get("v") not in (None, WIRE_VERSION) and obj.get("type") in ("window", "node"):
         raise ReportError([("v", f"unsupported wire version {obj.get('v')!r} (this reader knows {WIRE_VERSION})")], where)
     try:
-        return _RECORD.validate_python(obj)
+        return _RECORD.validate_python(obj, context=context)
     except ValidationError as err:
-        problems = [(_path(e["loc"]), e["msg"]) for e in err.errors(include_url=False)]
+        problems = [(_path(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in err.errors(include_url=False)]
         raise ReportError(problems, where) from None
 
 
@@ -338,6 +375,8 @@ def parse_line(line: str, where: str | None = None) -> WindowReport | NodeEvent:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise ReportError([("", f"not JSON: {err.msg} at column {err.colno}")], where) from None
+    except RecursionError:
+        raise ReportError([("", "not JSON: nested too deep")], where) from None
     return parse_record(obj, where)
 
 

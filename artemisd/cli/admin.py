@@ -97,6 +97,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["incidents"].items())) or "none"
     print(f"incidents: {counts}")
     print(f"open actions: {status['open_actions']}   stored records: {status['records']}")
+    if status.get("quarantined") or status.get("restore_skipped"):
+        # Records that failed analysis or could not be replayed at the last start: never replayed again.
+        print(f"quarantined records: {status.get('quarantined', 0)} "
+              f"(skipped at the last start: {status.get('restore_skipped', 0)})")
     for job in status["jobs"][:10]:
         print(f"  job {job['job']:<10} partition {job['partition'] or '-':<10} last window "
               f"{job['last_window'] if job['last_window'] is not None else '-':<6} seen {_time(job['last_seen'])}")
