@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/ingest.py                  # in-process, 256 ranks, 40 windows
     .venv/bin/python benchmarks/ingest.py --http           # also through HTTP to a real artemisd
     .venv/bin/python benchmarks/ingest.py --ranks 1024 --windows 20
+    .venv/bin/python benchmarks/ingest.py --baseline REV   # this tree vs git REV, side by side
 
 Records come from the simulator (``artemisd.sim``): one job, a healthy
 lockstep phase, then one GPU with stuck clocks, so the last windows confirm an
@@ -26,6 +27,12 @@ time, so other load on a shared machine slows the wall clock, not the
 figure); ``http_window_batches_wall`` is the wall-clock rate for comparison.
 Latencies are wall clock.  The process is pinned to one CPU (``--cpu``) and
 BLAS pools to one thread; medians of ``--repeats``.
+
+``--baseline REV`` compares this tree's artemisd with the one of git revision
+REV in one run: the same trace (written once, by this tree) is ingested in
+fresh worker processes, one per tree and round, alternating A B B A so that
+the machine's load drifts over both alike; medians of ``--rounds`` rounds
+and the ratio this/REV per measure.
 """
 
 from __future__ import annotations
@@ -196,6 +203,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def compare(windows: list[list[dict[str, Any]]], baseline: str, rounds: int, cpu: int) -> int:
+    """This tree vs ``baseline`` (a git revision), alternating worker processes; prints both and the ratio."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "baseline"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(root), "archive", baseline, "artemisd"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        trace_file = Path(tmp) / "trace.json"
+        trace_file.write_text(json.dumps(windows))
+        trees = {"this": root, baseline: old}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for r in range(rounds):
+            for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+                env = dict(os.environ, PYTHONPATH=str(trees[name]))
+                out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(trace_file),
+                                      "--repeats", "1", "--cpu", str(cpu)], env=env, cwd=tmp, check=True,
+                                     capture_output=True, text=True).stdout
+                runs[name].append(json.loads(out.splitlines()[-1]))
+    print(f"{'measure (reports/s)':24} {baseline:>12} {'this':>12} {'this/' + baseline[:8]:>14}")
+    for key in ("parse", "ingest_window_batches", "ingest_rank_posts", "analyzer"):
+        before = statistics.median(run[key] for run in runs[baseline])
+        after = statistics.median(run[key] for run in runs["this"])
+        print(f"{key:24} {before:12.1f} {after:12.1f} {after / before:14.3f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=256)
@@ -203,10 +238,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu", type=int, default=0, help="CPU to pin the in-process run (and the server) to")
     parser.add_argument("--http", action="store_true", help="also measure through a real artemisd over HTTP")
+    parser.add_argument("--baseline", metavar="REV", help="compare with the artemisd of git revision REV")
+    parser.add_argument("--rounds", type=int, default=6, help="worker rounds per tree with --baseline")
+    parser.add_argument("--worker", metavar="TRACE", help=argparse.SUPPRESS)  # one --baseline measurement
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.cpu})
     configure_logging(logging.WARNING)  # as the service logs: JSON, and only what matters here
+    if args.worker:
+        tune_gc()
+        print(json.dumps(in_process(json.loads(Path(args.worker).read_text()), args.repeats)))
+        return 0
     windows = trace(args.ranks, args.windows)
+    if args.baseline:
+        return compare(windows, args.baseline, args.rounds, args.cpu)
     tune_gc()  # as artemisd does after start-up
     result: dict[str, Any] = {"ranks": args.ranks, "windows": len(windows),
                               "reports": sum(len(w) for w in windows)}
