@@ -209,6 +209,8 @@ class DaemonSettings(_Section):
     history_windows_kept: int = Field(default=200, ge=10, le=100_000)
     verify_windows: int = Field(default=3, ge=1, le=1000)
     verify_warmup_windows: int = Field(default=3, ge=0, le=1000)
+    unknown_escalate_after: Seconds = 600.0
+    unknown_escalate_loss: float = Field(default=20.0, ge=0.0, le=100.0)
     recovery_fraction: float = Field(default=0.95, gt=0.0, le=2.0)
     retry_backoff: Seconds = 5.0
     retry_backoff_max: Seconds = 600.0
@@ -335,6 +337,10 @@ KEYS: dict[str, KeySpec] = {
     "ProbeTimeout": KeySpec("daemon", "probe_timeout", "how long a probe directive is offered"),
     "HistoryWindowsKept": KeySpec("daemon", "history_windows_kept", "windows per job kept in the state database"),
     "VerifyWindows": KeySpec("daemon", "verify_windows", "windows measured after an action to verify it"),
+    "UnknownEscalateAfter": KeySpec("daemon", "unknown_escalate_after",
+                                    "an unknown cause with no deviating signal waits this long before a person is told"),
+    "UnknownEscalateLoss": KeySpec("daemon", "unknown_escalate_loss",
+                                   "... and must cost at least this % of the job's healthy samples/s"),
     "VerifyWarmupWindows": KeySpec("daemon", "verify_warmup_windows",
                                    "first windows of a requeued job left out of verification (warm-up)"),
     "RecoveryFraction": KeySpec("daemon", "recovery_fraction", "share of baseline throughput that counts as recovered"),

@@ -166,6 +166,18 @@ class Result(BaseModel):
     throughput_after: float | None = None
     recovered: bool | None = None
 
+    def describe(self) -> str:
+        """One line, the same in ``artemis show`` and in mail: healthy, slowed, after."""
+        def num(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1f}"
+
+        line = (f"throughput (samples/s): healthy {num(self.throughput_healthy)}, "
+                f"slowed {num(self.throughput_before)}, after {num(self.throughput_after)}")
+        if self.throughput_after is not None and self.throughput_healthy:
+            line += f" ({100.0 * self.throughput_after / self.throughput_healthy:.0f} % of healthy)"
+        judged = self.recovered is not None or self.throughput_after is not None
+        return line + f"; recovered {self.recovered if judged else 'not yet judged'}"
+
 
 class Incident(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)

@@ -40,7 +40,7 @@ from artemisd import mail, policy, verify
 from artemisd.act import Actuator, Outcome, drain_reason
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Action, Cause, Incident, IncidentKind, IncidentState, Result
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.remedy import propose
@@ -120,6 +120,10 @@ def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
 
 def _rounded(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
+
+
+# Evidence that only restates the slowdown itself; anything else is a signal that deviates.
+SLOWDOWN_SIGNALS = frozenset({"ms.step", "ms.busy", "ms.comm_wait", "samples_per_s", "missing"})
 
 
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
@@ -217,6 +221,7 @@ class Daemon:
         self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
+        self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
         self._restoring = False
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
@@ -689,6 +694,12 @@ class Daemon:
         inc = Incident.model_validate(stored.body)
         if inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now):
             return  # the matched probe that may name the link is due: decide with it, not before
+        held = self._unknown_held(stored, inc, now)
+        if held:
+            if stored.id not in self._held:
+                self._held.add(stored.id)
+                self._audit(inc.id, "policy", "not escalated yet", held, now=now)
+            return
         pol = self.config.policy_for(partition)
         # The ladder starts at the analysis' remedy for this cause (not at whatever ran last).
         rungs = policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job, link=inc.link).kind)
@@ -747,6 +758,27 @@ class Daemon:
             self._save(stored, inc)
         else:
             self._start_escalation(stored, inc, recommended, now)
+
+    def _unknown_held(self, stored: StoredIncident, inc: Incident, now: float) -> str | None:
+        """Why an ``unknown`` with no deviating signal is not (yet) worth a person's time; None once it is.
+
+        Such an incident says only "this is slower": on a shared or loaded
+        machine that is often the machine, not a fault.  It goes to a person
+        once it has lasted ``UnknownEscalateAfter`` and still costs at least
+        ``UnknownEscalateLoss`` % of the job's healthy samples/s.
+        """
+        if inc.cause is not Cause.UNKNOWN or any(e.signal not in SLOWDOWN_SIGNALS for e in inc.evidence):
+            return None
+        d = self.config.daemon
+        lasted = now - stored.created
+        series = self.analyzer.throughput(inc.job, self._run_key(inc.job, stored.step or "0"))
+        loss = verify.measured_loss(stored.baseline, verify.during(series, None, None))
+        loss = loss if loss is not None else inc.loss_pct
+        if lasted >= d.unknown_escalate_after and loss is not None and loss >= d.unknown_escalate_loss:
+            return None
+        return (f"cause unknown and no signal deviates; lasted {lasted:.0f} s of UnknownEscalateAfter="
+                f"{d.unknown_escalate_after:.0f}, costs {loss if loss is not None else '?'} % of "
+                f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
 
     def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
         """A matched probe was issued for this incident and has neither answered nor expired.
@@ -819,28 +851,85 @@ class Daemon:
 
     def _queue_escalate(self, stored: StoredIncident, inc: Incident, headline: str, recommended: list[str],
                         now: float) -> int | None:
+        """AdminComment + mail: what is known now, and what the person can do about it.
+
+        A second escalation of the same incident (the diagnosis changed, or the
+        next rung also needs a person) says that it updates the first.
+        """
         if self.config.daemon.dry_run:
             self._audit(inc.id, "daemon", "dry-run: would escalate", headline, now=now)
             return None
-        subject = f"{inc.id} {inc.cause.value} {self._where(inc)}: {headline}"
-        comment = f"artemis: {inc.id} {inc.cause.value} {self._where(inc)}"
+        earlier = [r for r in self.store.actions_of(inc.id) if r.kind == "escalate"]
+        update = "update: " if earlier else ""
+        subject = f"{update}{inc.id} {inc.cause.value} {self._where(inc)}: {headline}"
+        comment = f"artemis: {update}{inc.id} {inc.cause.value} {self._where(inc)}"
         if inc.ratio:
             comment += f" {inc.ratio:.2f}x"
         comment += f": {headline}"
-        lines = [f"Incident {inc.id} on job {inc.job}: {headline}.", "",
-                 f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
-                 f"where: {self._where(inc)}",
-                 f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput "
-                 f"(loss_pct: the subject's excess per step)",
-                 f"measured: the job's samples/s {inc.measured_loss_pct} % below healthy (measured_loss_pct)",
-                 "", "evidence:"]
+        lines = [f"Incident {inc.id} on job {inc.job}: {headline}."]
+        if earlier:
+            lines += [f"This updates the earlier message ({earlier[0].params.get('subject', '')}): "
+                      f"what is known has changed."]
+        lines += ["", f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
+                  f"where: {self._where(inc)}",
+                  f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput "
+                  f"(loss_pct: the subject's excess per step)",
+                  f"measured: the job's samples/s {inc.measured_loss_pct} % below healthy (measured_loss_pct)"]
+        if inc.result is not None:
+            lines.append(inc.result.describe())
+        lines += ["", "evidence:"]
         lines += [f"  {e.signal}: {e.value} (peers {e.peers}) {e.note}" for e in inc.evidence]
-        if recommended:
-            lines += ["", "recommended (not done automatically):"] + [f"  {r}" for r in recommended]
-        lines += ["", f"artemis show {inc.id}   artemis approve|deny {inc.id}"]
+        lines += ["", "what you can do:"] + [f"  {line}" for line in self._what_a_person_can_do(inc, recommended)]
         params = {"job": inc.job, "comment": comment, "subject": subject, "text": "\n".join(lines),
                   "comment_done": False, "mail_done": False}
         return self.store.add_action(inc.id, "escalate", inc.job, params, "queued", now)
+
+    def _what_a_person_can_do(self, inc: Incident, recommended: list[str]) -> list[str]:
+        """Only what exists for this incident: a pending approval, the recommended actions by hand."""
+        out: list[str] = []
+        pending = [r for r in self.store.actions_of(inc.id) if r.status == "pending_approval"]
+        for row in pending:
+            out.append(f"{row.kind} {row.target or ''} awaits your decision: artemis approve {inc.id}  "
+                       f"(or artemis deny {inc.id})")
+        for item in recommended:
+            kind, _, rest = item.partition(" ")
+            target = rest.split(" (", 1)[0].strip() or None
+            out.append(f"recommended, not done automatically: {item}")
+            by_hand = self._by_hand(inc, kind, target)
+            if by_hand:
+                out.append(f"  by hand: {by_hand}")
+        node = inc.node or inc.link
+        if inc.cause.value.startswith(("gpu.", "comm.link")) and node and not recommended:
+            out.append(f"inspect {node}: the evidence above says what it showed")
+        out.append(f"the evidence and every decision: artemis show {inc.id}")
+        return out
+
+    @staticmethod
+    def _by_hand(inc: Incident, kind: str, target: str | None) -> str | None:
+        if kind == "drain" and target:
+            return f"scontrol update NodeName={target} State=DRAIN Reason='{inc.id} {inc.cause.value}'"
+        if kind == "requeue":
+            node = inc.node or inc.link
+            exclude = f"scontrol update JobId={inc.job} ExcNodeList={node}; " if node else ""
+            return f"scontrol requeuehold {inc.job}; {exclude}scontrol release {inc.job}"
+        if kind == "correct" and target:
+            what = "restore the default power limit" if inc.cause.value == "gpu.power" else "reset application clocks"
+            return f"{what} on {target} (nvidia-smi -rac / -pl, or amd-smi reset)"
+        return None
+
+    def _all_clear(self, stored: StoredIncident, inc: Incident, why: str, now: float) -> None:
+        """A person was told about this incident and it resolved: tell them (mail only —
+        AdminComment is for what a person must act on)."""
+        told = [r for r in self.store.actions_of(inc.id) if r.kind == "escalate" and r.status == "done"]
+        if not told or self.config.daemon.dry_run:
+            return
+        lines = [f"Incident {inc.id} on job {inc.job} ({inc.cause.value} {self._where(inc)}) is resolved: {why}."]
+        if inc.result is not None:
+            lines.append(inc.result.describe())
+        lines += ["", f"Nothing is needed from you for it. artemis show {inc.id}"]
+        params = {"job": inc.job, "comment": "", "subject": f"resolved: {inc.id} {inc.cause.value} {self._where(inc)}",
+                  "text": "\n".join(lines), "comment_done": True, "mail_done": False}
+        self.store.add_action(inc.id, "notify", inc.job, params, "queued", now)
 
     @staticmethod
     def _where(inc: Incident) -> str:
@@ -861,7 +950,7 @@ class Daemon:
             self.store.update_action(row.id, "failed", "incident vanished")
             return
         now = self.clock()
-        if row.kind != "escalate" and not self.config.daemon.enabled:
+        if row.kind not in ("escalate", "notify") and not self.config.daemon.enabled:
             self.store.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
             self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
             await self._after_action(row, Outcome("skipped", "kill switch"), now)
@@ -917,7 +1006,7 @@ class Daemon:
             self._audit(row.incident, "daemon", f"correction {cid} queued", f"{p['kind']} on {p['node']}",
                         action=row.id)
             return Outcome("waiting", cid)  # the node check reports back (correction_result)
-        if row.kind == "escalate":
+        if row.kind in ("escalate", "notify"):
             return await self._escalate(row)
         return Outcome("failed", f"unknown action kind {row.kind}")
 
@@ -978,7 +1067,7 @@ class Daemon:
                 inc.action.status = "done" if outcome.status == "done" else "failed"
                 self._save(stored, inc)
             return
-        if row.kind == "undrain":
+        if row.kind in ("undrain", "notify"):
             return
         if inc.state not in (S.ACTING,):
             return  # e.g. closed while the action was in flight
@@ -1077,6 +1166,7 @@ class Daemon:
         if verdict.recovered:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", verdict.note, now=now)
+            self._all_clear(stored, inc, verdict.note, now)
         else:
             inc.advance(S.UNRESOLVED)
             stored.decide = True
@@ -1127,7 +1217,8 @@ class Daemon:
 
     def _close_recovered(self, stored: StoredIncident, now: float) -> None:
         """The analyzer saw the subject healthy again: close it, unless an action is still in flight."""
-        if any(r.status in ("queued", "running") and r.kind != "escalate" for r in self.store.actions_of(stored.id)):
+        if any(r.status in ("queued", "running") and r.kind not in ("escalate", "notify")
+               for r in self.store.actions_of(stored.id)):
             return
         inc = Incident.model_validate(stored.body)
         for row in self.store.actions_of(stored.id):
@@ -1137,6 +1228,7 @@ class Daemon:
         stored.decide = False
         self._audit(inc.id, "analyzer", "resolved", "the subject has been healthy again for RecoverWindows windows",
                     now=now)
+        self._all_clear(stored, inc, "the subject has been healthy again for RecoverWindows windows", now)
         self._save(stored, inc)
 
     # --- people ------------------------------------------------------------------------------------

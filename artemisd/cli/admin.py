@@ -22,7 +22,7 @@ from typing import Any
 
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
-from artemisd.incident import Incident, Result
+from artemisd.incident import Incident
 from artemisd.verify import window_throughput
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
@@ -134,7 +134,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                   f"measured {inc.measured_loss_pct} % from the job's samples/s against healthy")
         result = inc.result
         if result is not None:
-            print("\n" + format_result(result))
+            print("\n" + result.describe())
         if data["actions"]:
             print("\nactions:")
             for a in data["actions"]:
@@ -149,70 +149,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         plot_timeline(windows, args.plot, audit=data["audit"])
         print(f"\nwrote {args.plot}", file=sys.stderr)
     return 0
-
-
-def format_result(result: Result) -> str:
-    """The job's throughput as every view names it: healthy, slowed (up to the action), after."""
-    def num(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    line = (f"throughput (samples/s): healthy {num(result.throughput_healthy)}, "
-            f"slowed {num(result.throughput_before)}, after {num(result.throughput_after)}")
-    if result.throughput_after is not None and result.throughput_healthy:
-        line += f" ({100.0 * result.throughput_after / result.throughput_healthy:.0f} % of healthy)"
-    return line + f"; recovered {'not yet judged' if result.recovered is None and result.throughput_after is None else result.recovered}"
-
-
-def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The job's windows in time order, each with its ranks' rows and the job's samples/s.
-
-    A requeued job numbers its windows from 0 again: a rank whose window number
-    goes back has started a new run, so a job window is (run, seq).  Throughput
-    is ``verify.window_throughput``, the definition verification judges with.
-    """
-    timed = [w for w in windows if w.get("rank") is not None and w.get("seq") is not None
-             and w.get("t1") is not None]
-    timed.sort(key=lambda w: w["t1"])
-    last_seq: dict[int, int] = {}
-    run_of: dict[int, int] = {}
-    grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for w in timed:
-        rank, seq = int(w["rank"]), int(w["seq"])
-        if rank in last_seq and seq <= last_seq[rank]:
-            run_of[rank] = run_of.get(rank, 0) + 1
-        last_seq[rank] = seq
-        grouped.setdefault((run_of.get(rank, 0), seq), []).append(w)
-    out = []
-    for (run, seq), rows in grouped.items():
-        spans = [w["t1"] - w["t0"] for w in rows if w.get("t0") is not None]
-        out.append({"run": run, "seq": seq, "t0": min(w.get("t0") or w["t1"] for w in rows),
-                    "t1": float(sorted(w["t1"] for w in rows)[len(rows) // 2]), "rows": rows,
-                    "throughput": window_throughput([w.get("samples") for w in rows], spans)})
-    out.sort(key=lambda j: j["t1"])
-    return out
-
-
-def loop_marks(incident: dict[str, Any], jobs: list[dict[str, Any]],
-               audit: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """(label, time) of the loop's steps: onset, confirmation, action, verification.
-
-    Onset and confirmation are windows of the run the fault was seen in (the
-    last run that reached that window before the action); the action and the
-    verdict are the audit log's times.
-    """
-    acted = next((a["time"] for a in audit if a["who"] == "daemon" and str(a["result"]).startswith("done")), None)
-    verified = next((a for a in audit if a["who"] == "verify"), None)
-    marks: list[tuple[str, float]] = []
-    for label, key, edge in (("onset", "onset_window", "t0"), ("confirmed", "confirmed_window", "t1")):
-        seq = incident.get(key)
-        seen = [j for j in jobs if j["seq"] == seq and (acted is None or j["t1"] <= acted)]
-        if seq is not None and seen:
-            marks.append((label, seen[-1][edge]))
-    if acted is not None:
-        marks.append(("action", acted))
-    if verified is not None:
-        marks.append((verified["what"], verified["time"]))
-    return marks
 
 
 def plot_timeline(data: dict[str, Any], path: str, audit: list[dict[str, Any]] | None = None) -> None:

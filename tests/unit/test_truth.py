@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from artemisd.cli.admin import format_result
 from artemisd.incident import Result
 from artemisd.pipeline import Analyzer, analyze_records
 from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, measured_loss
-from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, run, smtp  # noqa: F401 - fixture
+from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, mail_text, run, smtp  # noqa: F401 - fixture
 from tests.unit.windows import lockstep
 from torch_hook.telemetry.host import HostCounters, host_block
 
@@ -71,8 +70,8 @@ def test_cpu_throttled_pct_is_a_share_of_quota_periods_never_above_100():
 
 
 def test_show_names_healthy_slowed_and_after_once():
-    text = format_result(Result(throughput_healthy=5824.0, throughput_before=1026.0, throughput_after=5700.0,
-                                recovered=True))
+    text = Result(throughput_healthy=5824.0, throughput_before=1026.0, throughput_after=5700.0,
+                  recovered=True).describe()
     assert text == ("throughput (samples/s): healthy 5824.0, slowed 1026.0, after 5700.0 (98 % of healthy); "
                     "recovered True")
 
@@ -193,7 +192,7 @@ def test_probes_that_disagree_escalate_what_is_known_and_drain_nothing(tmp_path,
             [inc] = await h.incidents()
             assert inc["state"] == "escalated" and inc["link"] is None
             [mail] = box.messages
-            text = mail.content.decode()
+            text = mail_text(mail)
             assert "n2, n1" in text  # what is known: the probes named two different links
     run(scenario)
 
@@ -293,3 +292,104 @@ def test_the_weighted_sampler_opts_the_job_in_and_a_plain_job_does_not(monkeypat
     assert probe.rebalance_opt_in is False
     WeightedDistributedSampler(range(100), 4, num_replicas=2, rank=0)
     assert probe.rebalance_opt_in is True
+
+
+def test_mail_offers_only_what_exists_and_a_resolved_escalation_sends_its_all_clear(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\n"
+                "PartitionPolicy=gpu Auto=drain,requeue,escalate\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, evidence=False)  # no root-side evidence: escalated, nothing pending
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated"
+            [first] = [mail_text(m) for m in box.messages]
+            assert "approve" not in first and "deny" not in first
+            assert f"artemis show {inc['id']}" in first and "scontrol update NodeName=n1 State=DRAIN" in first
+            # The GPU cools down by itself: the person who was told hears that it is over.
+            await h.windows(range(12, 20), HEALTHY)
+            [inc] = await h.incidents()
+            assert inc["state"] == "resolved"
+            subjects = [m.content.decode(errors="replace") for m in box.messages]
+            assert len(box.messages) == 2 and f"resolved: {inc['id']}" in subjects[1]
+            assert "Nothing is needed from you" in mail_text(box.messages[1])
+            comment = h.slurm.jobs["100"].admin_comment
+            assert comment.count(inc["id"]) == 1  # AdminComment: only what a person must act on
+    run(scenario)
+
+
+def test_pending_approval_mail_says_how_to_approve(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\n"
+                "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 12))
+            [inc] = await h.incidents()
+            [text] = [mail_text(m) for m in box.messages]
+            assert f"drain n1 awaits your decision: artemis approve {inc['id']}" in text
+    run(scenario)
+
+
+def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nUnknownEscalateAfter=2m\n"
+                "UnknownEscalateLoss=20\nPartitionPolicy=gpu Auto=escalate\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            # Rank 2 is 12 ms slower and nothing it measures differs: 14.6 % of samples/s.
+            await h.windows(range(8, 30), SLOW)
+            [inc] = await h.incidents()
+            assert inc["cause"] == "unknown" and inc["state"] == "confirmed"
+            assert box.messages == [] and h.slurm.jobs["100"].admin_comment in ("", None)
+            shown = await h.show(inc["id"])
+            [held] = [a for a in shown["audit"] if a["what"] == "not escalated yet"]
+            assert "UnknownEscalateLoss=20" in held["why"]
+            # Now it costs 30 % (busy 80 vs 50: step 100 ms vs 70) and has lasted > 2 min: a person is told.
+            await h.windows(range(30, 34), [80.0 if r == 2 else 50.0 for r in range(WORLD)])
+            [inc] = await h.incidents()
+            assert inc["state"] == "escalated" and len(box.messages) == 1
+    run(scenario)
+
+
+def test_an_escalation_is_followed_up_when_the_probes_name_the_link_later(tmp_path, smtp):
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
+                "PartitionPolicy=gpu Auto=escalate\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            pending: list[str] = []
+            seen: set[str] = set()
+            for seq in range(0, 30):
+                h.clock.now += 10
+                window = lockstep(seq, HEALTHY, comm_ms=40.0 if seq >= 8 else 20.0,
+                                  host={6: {"net_retransmits_per_s": 60.0}} if seq >= 8 else None)
+                if seq >= 24 and pending:  # the probes answer late, after ProbeTimeout (120 s)
+                    window = _answer(window, pending.pop(0), "n2")
+                reply = await h.post(window)
+                for d in reply["directives"]:
+                    if d["type"] == "probe" and d["id"] not in seen:
+                        seen.add(d["id"])
+                        pending.append(d["id"])
+                await h.daemon.run_once()
+                if seq == 23:
+                    [inc] = await h.incidents()
+                    assert inc["cause"] == "unknown" and inc["state"] == "escalated"
+                    assert len(box.messages) == 1  # told what was known: a job-wide slowdown
+            [inc] = await h.incidents()
+            assert (inc["kind"], inc["link"], inc["state"]) == ("link", "n2", "escalated"), inc
+            texts = [mail_text(m) for m in box.messages]
+            assert len(texts) == 2, texts
+            subject = box.messages[1].content.decode(errors="replace")
+            assert f"update: {inc['id']} comm.link" in subject
+            assert "This updates the earlier message" in texts[1]
+            assert f"drain n2 awaits your decision: artemis approve {inc['id']}" in texts[1]
+            assert "approve" not in texts[0]  # the first one had nothing to approve
+            shown = await h.show(inc["id"])
+            assert any(a["what"] == "diagnosis changed" for a in shown["audit"])
+    run(scenario)
