@@ -24,6 +24,13 @@ def _number(env: dict[str, str], name: str, default: float, low: float, kind: ty
     return value
 
 
+def _flag(env: dict[str, str], name: str) -> bool:
+    raw = (env.get(name) or "1").strip().lower()
+    if raw not in ("0", "1", "yes", "no", "true", "false", "on", "off"):
+        raise ConfigError(f"{name}={raw!r}: expected 1 or 0")
+    return raw in ("1", "yes", "true", "on")
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """Everything the probe needs besides rank/world (which come from torch.distributed).
@@ -32,6 +39,8 @@ class ProbeConfig:
     record a trace, or None (measure, send nowhere).  ``window_steps`` is W:
     window k covers steps [kW, (k+1)W).  ``window_seconds`` bounds a window's
     wall time: once a window took longer, ranks agree on shorter windows.
+    ``completion_hooks``: on NCCL groups, time collectives with the process
+    group's completion hooks (``ARTEMIS_COMPLETION_HOOKS``, default 1).
     """
 
     endpoint: str | None
@@ -44,6 +53,7 @@ class ProbeConfig:
     http_timeout_s: float = 2.0
     munge_socket: str | None = None
     boundary_sync: bool = True
+    completion_hooks: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ProbeConfig:
@@ -51,9 +61,8 @@ class ProbeConfig:
         endpoint = (env.get("ARTEMIS_ENDPOINT") or "").strip() or None
         if endpoint and not endpoint.startswith(("http://", "https://", "file:")):
             raise ConfigError(f"ARTEMIS_ENDPOINT={endpoint!r}: expected http://host:port or file:/path")
-        sync = (env.get("ARTEMIS_BOUNDARY_SYNC") or "1").strip().lower()
-        if sync not in ("0", "1", "yes", "no", "true", "false", "on", "off"):
-            raise ConfigError(f"ARTEMIS_BOUNDARY_SYNC={sync!r}: expected 1 or 0")
+        sync = _flag(env, "ARTEMIS_BOUNDARY_SYNC")
+        hooks = _flag(env, "ARTEMIS_COMPLETION_HOOKS")
         return cls(
             endpoint=endpoint,
             job=env.get("ARTEMIS_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
@@ -64,5 +73,6 @@ class ProbeConfig:
             queue_size=int(_number(env, "ARTEMIS_QUEUE", 64, 1, int)),
             http_timeout_s=_number(env, "ARTEMIS_HTTP_TIMEOUT", 2.0, 0.01),
             munge_socket=env.get("ARTEMIS_MUNGE_SOCKET") or None,
-            boundary_sync=sync in ("1", "yes", "true", "on"),
+            boundary_sync=sync,
+            completion_hooks=hooks,
         )

@@ -43,11 +43,14 @@ class DdpTracker:
 
         return fut.then(completed)
 
-    def end_step(self, recorder: Any) -> None:
+    def end_step(self, recorder: Any, hooked: set[str] | frozenset[str] = frozenset()) -> None:
+        """The step's buckets into ``recorder``; on a ``hooked`` group (NCCL completion
+        hooks) only comm_wait and bytes, since the hook counts the calls and their time."""
         buckets, self._buckets = self._buckets, []
         if not buckets:
             return
         op, group = buckets[0][0], buckets[0][1]
+        calls, keep = (0, 0.0) if group in hooked else (len(buckets), 1.0)
         nbytes = sum(b[2] for b in buckets)
         marks = [b[3] for b in buckets if b[3][1] is not None]
         if not marks:
@@ -56,7 +59,7 @@ class DdpTracker:
         if isinstance(last_launch, float):  # CPU: every mark is a perf_counter value
             wait = max(0.0, max(done for _, done in marks) - last_launch)
             flight = sum(done - launch for launch, done in marks)
-            recorder.comm(op, group, nbytes, len(buckets), wait * 1e3, flight * 1e3)
+            recorder.comm(op, group, nbytes, calls, wait * 1e3, flight * keep * 1e3)
             return
 
         def resolve() -> tuple[float, float] | None:
@@ -67,6 +70,6 @@ class DdpTracker:
                     return None
                 tails.append(tail)
                 flights.append(flight)
-            return max(0.0, max(tails)), sum(flights)
+            return max(0.0, max(tails)), sum(flights) * keep
 
-        recorder.comm_pending(op, group, nbytes, len(buckets), resolve)
+        recorder.comm_pending(op, group, nbytes, calls, resolve)

@@ -20,10 +20,12 @@ benchmark) is excluded from step times.
 from __future__ import annotations
 
 import atexit
+import datetime
 import hashlib
 import math
 import os
 import platform
+import sys
 import threading
 import time
 import zlib
@@ -34,12 +36,20 @@ import torch.distributed as dist
 
 from torch_hook import bench
 from torch_hook.clock import device_mark, wall_mark
+from torch_hook.completion import CompletionHooks
 from torch_hook.config import ProbeConfig
 from torch_hook.ddp import DdpTracker
 from torch_hook.instrument import Instrumentation, _local
 from torch_hook.telemetry.host import HostSampler
 from torch_hook.transport import Sender
 from torch_hook.window import ClosedWindow, StepRecorder
+
+# torch releases the probe is written and tested against; outside the range it
+# installs what exists and says so (``coverage_line``).
+SUPPORTED_TORCH = ((2, 4), (2, 13))
+# How long shutdown waits for the probe's own pending collective (the last
+# boundary agreement) before the group goes away.
+_QUIESCE_WAIT_S = 10.0
 
 _CONFIG_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "UCX_", "FI_", "HSA_", "MIOPEN_")
 _CONFIG_NAMES = ("OMP_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")
@@ -74,7 +84,10 @@ class Probe:
         self.recorder = StepRecorder(config.window_steps, *resume)
         self.ddp = DdpTracker()
         self.instrumentation = Instrumentation(self)
+        self.instrumentation.on_new_group = self._new_group
+        self.completion = CompletionHooks()
         self.device_mode = False
+        self.coverage = ""
         self.error_count = 0
         self.last_error: str | None = None
         self.sync_ms: list[float] = []
@@ -105,8 +118,28 @@ class Probe:
         self.instrumentation.install()
         self.active = True
         atexit.register(self._at_exit)
+        try:
+            self.coverage = coverage_line(torch.__version__, self._backend_name(),
+                                          self.instrumentation.wrapped, self._hooks_state())
+            if self.rank_world()[0] == 0:
+                print(self.coverage, file=sys.stderr, flush=True)
+        except Exception as err:  # noqa: BLE001
+            self._fail("install", err)
+
+    def _backend_name(self) -> str:
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else "backend not yet known"
+
+    def _hooks_state(self) -> str:
+        from torch_hook.completion import supported
+
+        if not self.config.completion_hooks:
+            return "off (ARTEMIS_COMPLETION_HOOKS=0)"
+        if dist.is_available() and dist.is_initialized() and "nccl" in self._backend_name():
+            return "on, collective timing enabled" if supported(dist.GroupMember.WORLD) else "not in this torch"
+        return "n/a"
 
     def uninstall(self) -> None:
+        self.quiesce()
         self.active = False
         self.instrumentation.uninstall()
         atexit.unregister(self._at_exit)
@@ -115,8 +148,41 @@ class Probe:
             self._telemetry.close()
 
     def _at_exit(self) -> None:
+        self.quiesce()
         self.active = False
         self.sender.close(timeout_s=3.0)
+
+    def quiesce(self, group: Any = None) -> None:
+        """Leave nothing of the probe's in flight on ``group`` (None: every group).
+
+        Runs before ``destroy_process_group`` and at exit.  The last window
+        boundary's agreement all-reduce is never read by a later boundary; left
+        pending, it may still run on gloo's worker threads while the group is
+        shut down or the interpreter finalizes.  NCCL completion hooks must
+        have fired before the interpreter goes (see completion.py).  Nothing
+        here raises.
+        """
+        try:
+            world = group is None or group is dist.GroupMember.WORLD
+            if self._agreement is not None and (world or group is self._control):
+                work, self._agreement = self._agreement[0], None
+                _local.inside = True
+                try:
+                    work.wait(datetime.timedelta(seconds=_QUIESCE_WAIT_S))
+                finally:
+                    _local.inside = False
+            self.completion.close(None if world and group is None else group)
+            if world:
+                self._control = None
+                self._meta = None
+                self.instrumentation.forget_groups()
+        except Exception as err:  # noqa: BLE001 -- a peer already gone: nothing left to wait for
+            self._fail("shutdown", err)
+
+    def _new_group(self, group: Any, name: str) -> None:
+        """A process group seen for the first time: on NCCL, its completion hook takes over timing."""
+        if self.config.completion_hooks and self.completion.watch(group, name):
+            self.instrumentation.hooked.add(name)
 
     def _fail(self, where: str, err: BaseException) -> None:
         self.error_count += 1
@@ -143,6 +209,7 @@ class Probe:
                 self._comm_lib = "rccl " + ".".join(map(str, torch.cuda.nccl.version()))
             else:
                 self._comm_lib = "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
+            self._new_group(dist.GroupMember.WORLD, "world")
         else:
             self._device_index = int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0)
             self._comm_lib = backend if backend != "none" else None
@@ -160,7 +227,8 @@ class Probe:
         try:
             if self._device_index is None:
                 self._learn_device()
-            self.ddp.end_step(self.recorder)
+            self.completion.drain(self.recorder)
+            self.ddp.end_step(self.recorder, self.instrumentation.hooked)
             closed = self.recorder.end_step()
             if closed is not None:
                 self._window_boundary(closed)
@@ -354,7 +422,8 @@ class Probe:
 
     # -- directives (sender thread) ------------------------------------------
     def _on_reply(self, reply: dict[str, Any]) -> None:
-        rank, _ = self.rank_world()
+        # Sender thread: plain data only.  A daemon thread inside torch when
+        # the interpreter finalizes aborts the process (see completion.py).
         for directive in reply.get("directives") or ():
             if not isinstance(directive, dict):
                 continue
@@ -387,6 +456,22 @@ class Probe:
                 "unauthenticated": s.unauthenticated, "sender_error": s.last_error,
                 "sync_ms": list(self.sync_ms), "probes": list(self.probes_run),
                 "shares": self.work_shares()}
+
+
+def coverage_line(version: str, backend: str, wrapped: list[str], hooks: str) -> str:
+    """The one log line that says what this probe sees on this torch."""
+    try:
+        release = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        release = (0, 0)
+    low, high = SUPPORTED_TORCH
+    note = "" if low <= release <= high else (
+        f" (outside the tested range {low[0]}.{low[1]}-{high[0]}.{high[1]}: wrapping what exists)")
+    c10d = sum(1 for name in wrapped if name.startswith("torch.distributed."))
+    funcol = sum(1 for name in wrapped if name.startswith("funcol.") and name != "funcol.wait_tensor")
+    waits = "wait_tensor" if "funcol.wait_tensor" in wrapped else "no wait_tensor"
+    return (f"artemis probe: torch {version}{note}, {backend}: python wrappers for {c10d} torch.distributed ops"
+            f" + {funcol} functional collectives ({waits}) + Work.wait + DDP comm hook; nccl completion hooks: {hooks}")
 
 
 def parse_shares(raw: Any) -> dict[int, float] | None:

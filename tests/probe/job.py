@@ -6,7 +6,10 @@ scenarios in a row: ``slow`` (extra compute on one rank), ``stall`` (a
 data-loader stall on one rank), ``collectives`` (explicit torch.distributed
 calls), ``faults`` (exceptions raised inside the probe), ``reinstall``
 (uninstall then install again mid-run).  Each rank writes ``rank<N>.json``
-(stats, final parameter checksum) into ``spec["out"]``.
+(stats, final parameter checksum) into ``spec["out"]``.  ``finish`` is how the
+script ends: ``barrier`` (default: barrier, then destroy_process_group),
+``destroy`` (destroy_process_group right after the last step, as many training
+scripts do) or ``exit`` (neither: the interpreter exits with the group alive).
 """
 
 from __future__ import annotations
@@ -122,8 +125,11 @@ def main() -> None:
               "installed": torch_hook.installed(), "local_batches": local_batches,
               "share": torch_hook.work_share()}
     Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish = spec.get("finish", "barrier")
+    if finish == "barrier":
+        dist.barrier()
+    if finish in ("barrier", "destroy"):
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

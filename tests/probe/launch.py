@@ -20,8 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(spec: dict, *, world: int = 4, env: dict[str, str] | None = None, timeout_s: float = 150.0) -> list[dict]:
-    """Run one job to completion; return each rank's result dict (rank order)."""
+def run_job(spec: dict, *, world: int = 4, env: dict[str, str] | None = None, timeout_s: float = 150.0,
+            script: Path = JOB) -> list[dict]:
+    """Run one job (``script``, default job.py) to completion; return each rank's result dict (rank order)."""
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -35,7 +36,7 @@ def run_job(spec: dict, *, world: int = 4, env: dict[str, str] | None = None, ti
                          "ARTEMIS_NODE": f"n{rank}"})
         rank_env.update(env or {})
         log = open(out / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(JOB), json.dumps(spec)], env=rank_env,
+        procs.append((subprocess.Popen([sys.executable, str(script), json.dumps(spec)], env=rank_env,
                                        stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + timeout_s
     try:
