@@ -151,6 +151,58 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's windows in time order, each with its ranks' rows and the job's samples/s.
+
+    A requeued job numbers its windows from 0 again: a rank whose window number
+    goes back has started a new run, so a job window is (run, seq).  Throughput
+    is ``verify.window_throughput``, the definition verification judges with.
+    """
+    timed = [w for w in windows if w.get("rank") is not None and w.get("seq") is not None
+             and w.get("t1") is not None]
+    timed.sort(key=lambda w: w["t1"])
+    last_seq: dict[int, int] = {}
+    run_of: dict[int, int] = {}
+    grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for w in timed:
+        rank, seq = int(w["rank"]), int(w["seq"])
+        if rank in last_seq and seq <= last_seq[rank]:
+            run_of[rank] = run_of.get(rank, 0) + 1
+        last_seq[rank] = seq
+        grouped.setdefault((run_of.get(rank, 0), seq), []).append(w)
+    out = []
+    for (run, seq), rows in grouped.items():
+        spans = [w["t1"] - w["t0"] for w in rows if w.get("t0") is not None]
+        out.append({"run": run, "seq": seq, "t0": min(w.get("t0") or w["t1"] for w in rows),
+                    "t1": float(sorted(w["t1"] for w in rows)[len(rows) // 2]), "rows": rows,
+                    "throughput": window_throughput([w.get("samples") for w in rows], spans)})
+    out.sort(key=lambda j: j["t1"])
+    return out
+
+
+def loop_marks(incident: dict[str, Any], jobs: list[dict[str, Any]],
+               audit: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(label, time) of the loop's steps: onset, confirmation, action, verification.
+
+    Onset and confirmation are windows of the run the fault was seen in (the
+    last run that reached that window before the action); the action and the
+    verdict are the audit log's times.
+    """
+    acted = next((a["time"] for a in audit if a["who"] == "daemon" and str(a["result"]).startswith("done")), None)
+    verified = next((a for a in audit if a["who"] == "verify"), None)
+    marks: list[tuple[str, float]] = []
+    for label, key, edge in (("onset", "onset_window", "t0"), ("confirmed", "confirmed_window", "t1")):
+        seq = incident.get(key)
+        seen = [j for j in jobs if j["seq"] == seq and (acted is None or j["t1"] <= acted)]
+        if seq is not None and seen:
+            marks.append((label, seen[-1][edge]))
+    if acted is not None:
+        marks.append(("action", acted))
+    if verified is not None:
+        marks.append((verified["what"], verified["time"]))
+    return marks
+
+
 def plot_timeline(data: dict[str, Any], path: str, audit: list[dict[str, Any]] | None = None) -> None:
     """The job's throughput with the loop's steps marked, then per-rank busy and comm_wait.
 
