@@ -58,6 +58,17 @@ class Streak:
     flagged: list[int] = field(default_factory=list)
     steady: list[int] = field(default_factory=list)
     dismissed: bool = False  # its suspect was dismissed; flags kept for the intermittent rule
+    run_start: int = -1  # first window of the latest run of flags (gaps of one window allowed)
+    intermittent: bool = False  # confirmed by the intermittent rule, not by steady windows
+
+    @property
+    def onset(self) -> int:
+        """Where the slowdown now in force began.  A steady slowdown began with its
+        latest run of flags: an earlier blip, remembered for the intermittent rule,
+        is not its start.  An intermittent one began with its first flag in the horizon."""
+        if self.intermittent and self.flagged:
+            return self.flagged[0]
+        return self.run_start if self.run_start >= 0 else self.first_seq
 
     @property
     def last_seq(self) -> int:
@@ -89,6 +100,8 @@ class Persistence:
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
+        if not streak.flagged or seq - streak.flagged[-1] > 2:
+            streak.run_start = seq
         if streak.flagged[-1:] != [seq]:
             streak.flagged.append(seq)
         if steady and streak.steady[-1:] != [seq]:
@@ -99,6 +112,7 @@ class Persistence:
         streak.steady = [s for s in streak.steady if s > seq - (self.need + 2)]
         steady = sum(1 for s in streak.steady if s > seq - (need + 1))
         if steady >= need or len(streak.flagged) >= need + 1:
+            streak.intermittent = steady < need
             return Verdict.CONFIRMED, streak
         return Verdict.PENDING, streak
 

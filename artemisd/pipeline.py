@@ -472,7 +472,7 @@ class Analyzer:
                 subject = {"node": key[1]}
             if "island" in context:
                 subject["island"] = context["island"]
-            incident = self._new_incident(state, kind, seq, streak.first_seq, **subject)
+            incident = self._new_incident(state, kind, seq, streak.onset, **subject)
             watched = state.open[key] = _Open(incident, key, key)
             if self.active_probe and key[0] in ("rank", "node", "job"):
                 # A job-wide slowdown has no suspect rank; its probe is about the links.
@@ -483,6 +483,7 @@ class Analyzer:
         changed[incident.id] = incident
         if verdict is not Verdict.CONFIRMED:
             return
+        incident.onset_window = streak.onset
         self._confirm(state, watched, seq, frame, diagnose, context)
 
     def _confirm(self, state: _JobState, watched: _Open, seq: int, frame: WindowFrame,

@@ -393,3 +393,27 @@ def test_an_escalation_is_followed_up_when_the_probes_name_the_link_later(tmp_pa
             shown = await h.show(inc["id"])
             assert any(a["what"] == "diagnosis changed" for a in shown["audit"])
     run(scenario)
+
+
+def test_onset_is_the_start_of_the_slowdown_not_an_earlier_blip():
+    # One slow window at 4 (a blip, dismissed), then the real fault from window 10.
+    windows = [lockstep(s, SLOW if s == 4 or s >= 10 else [50.0] * WORLD) for s in range(16)]
+    incs = [i for i in analyze_records([r for w in windows for r in w], Analyzer()) if i.confirmed_window]
+    assert incs and all(i.onset_window == 10 for i in incs), [(i.onset_window, i.confirmed_window) for i in incs]
+
+
+def test_an_intermittent_slowdown_begins_with_its_first_flag():
+    from artemisd.confirm import Persistence, Verdict
+
+    p = Persistence(2)
+    for seq in (10, 13):
+        assert p.observe("r2", seq, "c", steady=True)[0] is Verdict.PENDING
+        p.close_window(seq)
+    verdict, streak = p.observe("r2", 16, "c", steady=True)
+    assert verdict is Verdict.CONFIRMED and streak.intermittent and streak.onset == 10
+    q = Persistence(2)
+    q.observe("r2", 4, "c")
+    q.close_window(4)
+    q.observe("r2", 10, "c")
+    verdict, streak = q.observe("r2", 11, "c")
+    assert verdict is Verdict.CONFIRMED and not streak.intermittent and streak.onset == 10
