@@ -31,6 +31,9 @@ class Metrics:
         self.item_failures = Counter("artemis_item_failures_total",
                                      "Items refused by the last-resort guard (an unforeseen error), by stage",
                                      ["stage"], registry=r)
+        self.probe_dropped = Counter("artemis_probe_reports_dropped_total",
+                                     "Window reports probes dropped while they could not reach the daemon "
+                                     "(counted when they reach it again)", registry=r)
         self.backend_errors = Counter("artemis_backend_errors_total", "Slurm/SMTP failures (retried)",
                                       ["backend"], registry=r)
 

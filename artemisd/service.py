@@ -222,6 +222,7 @@ class Daemon:
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
+        self._dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> its probe's dropped_reports
         self._restoring = False
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
@@ -540,6 +541,19 @@ class Daemon:
             self._steps[rec.job] = rec.step
             if rec.rebalance_opt_in:
                 self._rebalance_opt_in.add(rec.job)
+            self._reconnected(rec)
+
+    def _reconnected(self, rec: WindowReport) -> None:
+        """A rank whose cumulative ``dropped_reports`` grew could not reach us for a while: say so."""
+        if rec.dropped_reports is None:
+            return
+        key = (rec.job, rec.rank)
+        before = self._dropped.get(key, 0)
+        self._dropped[key] = rec.dropped_reports
+        if rec.dropped_reports > before and not self._restoring:
+            self.metrics.probe_dropped.inc(rec.dropped_reports - before)
+            log.warning("probe reached the daemon again", job=rec.job, rank=rec.rank, node=rec.node,
+                        dropped=rec.dropped_reports - before, dropped_total=rec.dropped_reports)
 
     def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch_hook.munge import MungeSigner
+from torch_hook.notice import Reachability
 
 _BATCH_MAX = 64
 _STOP = object()
@@ -56,6 +57,7 @@ class Sender:
         self.bad_replies = 0
         self.errors = 0
         self.last_error: str | None = None
+        self.reachability = Reachability(endpoint)  # one stderr line per outage (notice.py)
         self._thread = threading.Thread(target=self._run, name="artemis-sender", daemon=True)
         self._thread.start()
 
@@ -131,9 +133,11 @@ class Sender:
             else:
                 self._post(batch, signer)
             self.sent += len(batch)
+            self.reachability.ok(self.dropped)
         except Exception as err:  # noqa: BLE001 -- daemon down, slow, disk full: drop and count
             self._dropped_send += len(batch)
             self.last_error = f"{type(err).__name__}: {err}"
+            self.reachability.failed(self.last_error, self.dropped - len(batch))
 
     def _append(self, batch: list[dict[str, Any]]) -> None:
         path = self.endpoint[len("file:"):]

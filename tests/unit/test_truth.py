@@ -417,3 +417,62 @@ def test_an_intermittent_slowdown_begins_with_its_first_flag():
     q.observe("r2", 10, "c")
     verdict, streak = q.observe("r2", 11, "c")
     assert verdict is Verdict.CONFIRMED and not streak.intermittent and streak.onset == 10
+
+
+def test_a_job_whose_daemon_is_unreachable_is_told_once_and_once_more_when_it_answers(capsys):
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from torch_hook.transport import Sender
+
+    class Ok(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    with socket.socket() as s:  # a loopback port nothing listens on (yet)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    report = {"type": "window", "v": 1, "job": "1", "rank": 0, "world": 1, "node": "n1",
+              "window": {"seq": 0, "first_step": 0, "steps": 1, "t0": 1.0, "t1": 2.0}, "ms": {"step": 1.0}}
+    sender = Sender(f"http://127.0.0.1:{port}", timeout_s=1.0)
+    try:
+        for _ in range(3):
+            sender.submit(dict(report))
+            assert sender.flush(5.0)
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "cannot reach the Artemis daemon" in err[0] and "unwatched" in err[0]
+        server = ThreadingHTTPServer(("127.0.0.1", port), Ok)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            for _ in range(2):
+                sender.submit(dict(report))
+                assert sender.flush(5.0)
+        finally:
+            server.shutdown()
+            server.server_close()
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "answers again" in err[0] and "3 window reports were dropped" in err[0]
+    finally:
+        sender.close()
+
+
+def test_the_daemon_counts_and_logs_reports_a_probe_dropped_when_it_comes_back(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            await h.windows(range(0, 2), HEALTHY)
+            late = [r.model_copy(update={"dropped_reports": 5 if r.rank == 3 else 0})
+                    for r in lockstep(7, HEALTHY)]
+            await h.post(late)
+            await h.post([r.model_copy(update={"dropped_reports": 5 if r.rank == 3 else 0})
+                          for r in lockstep(8, HEALTHY)])  # the same total: nothing new
+            metrics = await (await h.client.get("/metrics")).text()
+            assert "artemis_probe_reports_dropped_total 5.0" in metrics
+    run(scenario)
