@@ -1,7 +1,12 @@
 """Who sent a request: munge credentials, checked against the body they sign.
 
 Every request carries ``Authorization: Munge <credential>`` whose payload is
-the lowercase hex sha256 of the request body.  munged decodes it (``unmunge``
+the lowercase hex sha256 of the request body.  The credential travels in the
+header so it can be judged before the body is read: ``check`` decodes it and
+yields a ``Credential`` (who, and the digest it vouches for); the server then
+streams the body against its size limit and ``Credential.verify`` compares the
+digest.  A client without a valid credential never gets a byte of its body
+buffered.  munged decodes it (``unmunge``
 against the configured socket) and tells us the sender's uid and gid; it also
 refuses a credential it has decoded before (status 17, "Replayed credential")
 and one past its time-to-live, so a captured request cannot be sent again.
@@ -56,6 +61,23 @@ class Principal:
 
 
 TRUSTED_LOCAL = Principal(uid=None, gid=None, root_side=True, admin=True)
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A decoded credential: who sent it and the body digest it was made for.
+
+    ``digest`` None means the auth mode checks no body (``AuthType=none``).
+    """
+
+    principal: Principal
+    digest: str | None
+
+    def verify(self, digest: str) -> Principal:
+        """The principal, if ``digest`` (sha256 hex of the body received) is the one signed."""
+        if self.digest is not None and self.digest != digest:
+            raise AuthError("credential payload is not the sha256 of the request body")
+        return self.principal
 
 
 def body_digest(body: bytes) -> str:
@@ -151,6 +173,10 @@ class MungeAuth:
         return Principal(uid, gid, root_side, root_side or uid in self.admin_uids)
 
     async def authenticate(self, header: str | None, body: bytes) -> Principal:
+        return (await self.check(header)).verify(body_digest(body))
+
+    async def check(self, header: str | None) -> Credential:
+        """Decode the ``Authorization`` header; the body is checked later with ``Credential.verify``."""
         if not header:
             raise AuthError("missing Authorization: Munge <credential>")
         scheme, _, credential = header.strip().partition(" ")
@@ -161,7 +187,7 @@ class MungeAuth:
                 status, uid, gid, payload, message = await asyncio.to_thread(self.lib.decode, credential.strip())
             except OSError as exc:
                 raise AuthError(f"cannot reach munge to check the credential: {exc}", status=503) from None
-            return self._judge(status, uid, gid, payload, message, body)
+            return self._judge(status, uid, gid, payload, message)
         argv = [self.unmunge, "-N", "-k", "STATUS,UID,GID"]
         if self.socket:
             argv += ["-S", self.socket]
@@ -177,19 +203,16 @@ class MungeAuth:
         detail = err.decode("utf-8", "replace").strip().splitlines()
         if proc.returncode != 0 and status == 0:
             status = proc.returncode
-        return self._judge(status, uid, gid, payload, detail[-1] if detail else f"status {status}", body)
+        return self._judge(status, uid, gid, payload, detail[-1] if detail else f"status {status}")
 
-    def _judge(self, status: int, uid: int | None, gid: int | None, payload: bytes, message: str,
-               body: bytes) -> Principal:
+    def _judge(self, status: int, uid: int | None, gid: int | None, payload: bytes, message: str) -> Credential:
         if status == STATUS_REPLAYED:
             raise AuthError("replayed munge credential")
         if status == STATUS_SOCKET:
             raise AuthError(f"cannot reach munge to check the credential: {message}", status=503)
         if status != 0 or uid is None:
             raise AuthError(f"invalid munge credential: {message}")
-        if payload.strip().decode("ascii", "replace").lower() != body_digest(body):
-            raise AuthError("credential payload is not the sha256 of the request body")
-        return self.principal(uid, gid)
+        return Credential(self.principal(uid, gid), payload.strip().decode("ascii", "replace").lower())
 
 
 class NoAuth:
@@ -197,3 +220,6 @@ class NoAuth:
 
     async def authenticate(self, header: str | None, body: bytes) -> Principal:
         return TRUSTED_LOCAL
+
+    async def check(self, header: str | None) -> Credential:
+        return Credential(TRUSTED_LOCAL, None)

@@ -154,6 +154,20 @@ def parse_duration(value: Any) -> float:
     return float(match.group(1)) * _DURATION_UNIT[(match.group(2) or "s").lower()]
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(?:([kmg])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNIT = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(value: Any) -> int:
+    """``65536``, ``64K``, ``16M``, ``16MiB``, ``1G`` -> bytes (units are powers of 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"expected a size such as 65536, 64K, 16M or 1G, got {value!r}")
+    return int(match.group(1)) * _SIZE_UNIT.get((match.group(2) or "").lower(), 1)
+
+
 def _split_list(value: Any) -> Any:
     if isinstance(value, str):
         return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -170,6 +184,7 @@ def _host_port(value: Any) -> Any:
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Bytes = Annotated[int, BeforeValidator(parse_size)]
 HostPort = Annotated[str, BeforeValidator(_host_port)]
 NameList = Annotated[tuple[str, ...], BeforeValidator(_split_list)]
 UidList = Annotated[tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_split_list)]
@@ -216,6 +231,19 @@ class DaemonSettings(_Section):
     retry_backoff_max: Seconds = 600.0
     job_cache_seconds: Seconds = 30.0
     max_world: int = Field(default=DEFAULT_MAX_WORLD, ge=1, le=10_000_000)
+    # The front door (artemisd/transport.py; TRUST in artemis.conf(5)).
+    max_body_size: Bytes = Field(default=16 << 20, ge=64 << 10, le=1 << 30)
+    max_body_memory: Bytes = Field(default=64 << 20, ge=64 << 10, le=16 << 30)
+    read_timeout: Seconds = Field(default=30.0, gt=0, le=3600)
+    idle_timeout: Seconds = Field(default=15.0, gt=0, le=3600)
+    max_connections: int = Field(default=4096, ge=8, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _body_fits_memory(self) -> DaemonSettings:
+        if self.max_body_memory < self.max_body_size:
+            raise ValueError(f"MaxBodyMemory ({self.max_body_memory} bytes) must be at least "
+                             f"MaxBodySize ({self.max_body_size} bytes): one largest body must fit")
+        return self
 
     @model_validator(mode="after")
     def _loopback_for_none(self) -> DaemonSettings:
@@ -348,6 +376,11 @@ KEYS: dict[str, KeySpec] = {
     "RetryBackoffMax": KeySpec("daemon", "retry_backoff_max", "longest retry delay"),
     "JobCacheSeconds": KeySpec("daemon", "job_cache_seconds", "how long a job's owner/partition is cached"),
     "MaxWorld": KeySpec("daemon", "max_world", "largest world size (ranks per job) a report may claim"),
+    "MaxBodySize": KeySpec("daemon", "max_body_size", "largest request body accepted (413 beyond)"),
+    "MaxBodyMemory": KeySpec("daemon", "max_body_memory", "request bodies buffered at once, all clients (503 beyond)"),
+    "ReadTimeout": KeySpec("daemon", "read_timeout", "time a client has to send a request body (408 after)"),
+    "IdleTimeout": KeySpec("daemon", "idle_timeout", "a connection without a complete request head for this long is closed"),
+    "MaxConnections": KeySpec("daemon", "max_connections", "open client connections; idle ones are closed, then 503"),
     "MailRelay": KeySpec("mail", "mail_relay", "SMTP relay HOST:PORT for escalations"),
     "MailFrom": KeySpec("mail", "mail_from", "sender address"),
     "MailTo": KeySpec("mail", "mail_to", "comma-separated recipients"),

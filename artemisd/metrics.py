@@ -34,6 +34,13 @@ class Metrics:
         self.probe_dropped = Counter("artemis_probe_reports_dropped_total",
                                      "Window reports probes dropped while they could not reach the daemon "
                                      "(counted when they reach it again)", registry=r)
+        self.connections = Gauge("artemis_connections", "Open client connections (MaxConnections caps them)",
+                                 registry=r)
+        self.connections_refused = Counter("artemis_connections_refused_total",
+                                           "Connections closed at the cap: evicted (idle longest) or shed (503)",
+                                           ["outcome"], registry=r)
+        self.requests_refused = Counter("artemis_requests_refused_total",
+                                        "Requests refused before processing, by HTTP status", ["status"], registry=r)
         self.backend_errors = Counter("artemis_backend_errors_total", "Slurm/SMTP failures (retried)",
                                       ["backend"], registry=r)
 

@@ -14,8 +14,11 @@ Endpoints (JSON unless noted; docs/architecture.md "Daemon"):
     GET  /metrics                         Prometheus text format
 
 Every request that changes something carries ``Authorization: Munge <cred>``
-whose payload is the sha256 of the body (auth.py).  Reads of incidents,
-status and metrics are open, like ``squeue``.  SIGHUP re-reads the config; a
+whose payload is the sha256 of the body (auth.py).  The credential is judged
+from the header before any of the body is read; the body is then streamed
+against ``MaxBodySize`` (``signed_body``).  Connections, idle time and body
+memory are capped at the door (transport.py).  Reads of incidents, status and
+metrics are open, like ``squeue``.  SIGHUP re-reads the config; a
 bad file keeps the running config and logs the error with file:line.
 """
 
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
@@ -40,11 +45,18 @@ from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
 from artemisd.service import Daemon, IngestError, decode_body
 from artemisd.slurm import make_backend
+from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate, Refused,
+                                fit_connections_to_fd_limit, gate_middleware, read_body)
 
 TICK_S = 1.0
-MAX_BODY = 256 * 1024 * 1024
+# After answering a request whose body it did not read (401, 413), aiohttp
+# reads and discards the rest this long before closing, so the client gets
+# the answer instead of a connection reset; discarded bytes cost no memory.
+LINGER_S = 2.0
+LISTEN_BACKLOG = 1024
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon", Daemon)
 AUTH: web.AppKey[Any] = web.AppKey("auth", object)
+BODIES: web.AppKey[BodyBudget] = web.AppKey("bodies", BodyBudget)
 
 log = structlog.get_logger("artemisd")
 
@@ -59,18 +71,21 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def tune_gc() -> None:
-    """Fewer cyclic-GC passes while ingesting.
+    """Fewer cyclic-GC passes while ingesting, and young garbage still freed soon.
 
     Ingest allocates many short-lived containers (decoded JSON, pydantic models)
     that reference counting frees; with the default generation-0 threshold (700)
-    the cyclic collector runs every few reports and re-walks the long-lived
-    analyzer state each time, which costs about a third of the ingest CPU.
-    Objects alive after start-up (config, restored analyzer) are frozen out of
-    collection; the thresholds make full passes rare.  Memory stays bounded:
-    no reference cycles are made per report.
+    the cyclic collector runs every few reports and, through frequent older-
+    generation passes, re-walks the long-lived analyzer state, which costs
+    about a third of the ingest CPU.  Objects alive after start-up (config,
+    restored analyzer) are frozen out of collection; the older generations are
+    collected rarely.  Generation 0 stays at 10,000: every closed connection
+    leaves a reference cycle behind in asyncio's transport (~1 KiB), freed only
+    by the collector, and a higher threshold (100,000 was used before) let
+    ~14,000 of them pile up — resident memory that grew with every request.
     """
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(10_000, 50, 100)
 
 
 def make_auth(config: Config) -> MungeAuth | NoAuth:
@@ -91,28 +106,52 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
 
 
-async def _principal(request: web.Request, body: bytes) -> Principal:
+def _refused(daemon: Daemon, err: AuthError) -> Refused:
+    daemon.metrics.auth_failures.inc()
+    # 503: munged unreachable — the client's credential may be fine, so it retries.
+    return Refused(err.status, str(err), retry_after=RETRY_AFTER_S if err.status == 503 else None)
+
+
+@contextlib.asynccontextmanager
+async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, bytes]]:
+    """Who sent the request, and its body — in the order that keeps memory safe.
+
+    The declared size and the credential (``Authorization`` header) are judged
+    before a byte of the body is read, so a client without a valid credential
+    costs a munge decode and nothing else.  The body is then streamed against
+    ``MaxBodySize`` within ``ReadTimeout`` and checked against the digest the
+    credential vouches for.  Raises ``Refused`` (answered by the middleware).
+    """
+    daemon = request.app[DAEMON]
+    settings = daemon.config.daemon
+    declared = request.content_length
+    if declared is not None and declared > settings.max_body_size:
+        raise Refused(413, f"request body of {declared} bytes exceeds MaxBodySize "
+                      f"({settings.max_body_size} bytes)", close=True)
     try:
-        return await request.app[AUTH].authenticate(request.headers.get("Authorization"), body)
-    except AuthError:
-        request.app[DAEMON].metrics.auth_failures.inc()
-        raise
+        credential = await request.app[AUTH].check(request.headers.get("Authorization"))
+    except AuthError as err:
+        raise _refused(daemon, err) from None
+    async with read_body(request, limit=settings.max_body_size, timeout_s=settings.read_timeout,
+                         budget=request.app[BODIES]) as (body, digest):
+        try:
+            principal = credential.verify(digest)
+        except AuthError as err:
+            raise _refused(daemon, err) from None
+        yield principal, body
 
 
 async def post_reports(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     started = time.perf_counter()
-    body = await request.read()
-    try:
-        principal = await _principal(request, body)
-        items = decode_body(body)
-    except AuthError as err:
-        return _error(err.status, str(err))
-    except IngestError as err:
-        return _error(400, str(err))
-    records, rejected = daemon.validate(items)
-    owners = await daemon.owners(daemon.jobs_needing_owner_check(principal, records))
-    result = daemon.accept(records, principal, owners, rejected)
+    async with signed_body(request) as (principal, body):
+        try:
+            items = decode_body(body)
+        except IngestError as err:
+            return _error(400, str(err))
+        records, rejected = daemon.validate(items)
+        owners = await daemon.owners(daemon.jobs_needing_owner_check(principal, records))
+        result = daemon.accept(records, principal, owners, rejected)
     result.rejected.sort(key=lambda r: r["index"])
     daemon.metrics.ingest_seconds.observe(time.perf_counter() - started)
     return _json(result.as_json())
@@ -160,11 +199,8 @@ async def get_incident_windows(request: web.Request) -> web.Response:
 
 async def post_decision(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    body = await request.read()
-    try:
-        principal = await _principal(request, body)
-    except AuthError as err:
-        return _error(err.status, str(err))
+    async with signed_body(request) as (principal, _):
+        pass
     if not principal.admin:
         return _error(403, f"{principal.who} may not approve or deny: needs root, SlurmUser or AdminUids")
     try:
@@ -176,20 +212,14 @@ async def post_decision(request: web.Request) -> web.Response:
     return _json({"incident": inc})
 
 
-async def _root(request: web.Request, body: bytes) -> Principal | web.Response:
-    try:
-        principal = await _principal(request, body)
-    except AuthError as err:
-        return _error(err.status, str(err))
+def _root_side(principal: Principal) -> None:
     if not principal.root_side:
-        return _error(403, "corrections are for the node check (root or SlurmUser) only")
-    return principal
+        raise Refused(403, "corrections are for the node check (root or SlurmUser) only")
 
 
 async def get_corrections(request: web.Request) -> web.Response:
-    principal = await _root(request, await request.read())
-    if isinstance(principal, web.Response):
-        return principal
+    async with signed_body(request) as (principal, _):
+        _root_side(principal)
     daemon = request.app[DAEMON]
     pending = daemon.store.corrections(request.match_info["node"])
     return _json({"corrections": [{"id": c["id"], "incident": c["incident"], "kind": c["kind"], "gpu": c["gpu"]}
@@ -197,16 +227,14 @@ async def get_corrections(request: web.Request) -> web.Response:
 
 
 async def post_correction(request: web.Request) -> web.Response:
-    body = await request.read()
-    principal = await _root(request, body)
-    if isinstance(principal, web.Response):
-        return principal
+    async with signed_body(request) as (principal, body):
+        _root_side(principal)
+        try:
+            data = json.loads(body or b"{}")
+            status, detail = data["status"], str(data.get("detail", ""))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
+            return _error(400, 'body must be {"status": "done"|"failed", "detail": "..."}')
     daemon = request.app[DAEMON]
-    try:
-        data = json.loads(body or b"{}")
-        status, detail = data["status"], str(data.get("detail", ""))
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return _error(400, 'body must be {"status": "done"|"failed", "detail": "..."}')
     if status not in ("done", "failed"):
         return _error(400, f"status: expected done or failed, got {status!r}")
     cor = daemon.store.correction(request.match_info["id"])
@@ -238,9 +266,14 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 def make_app(daemon: Daemon, auth: MungeAuth | NoAuth) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+    """The API; ``app[GATE]`` is the connection-capping protocol factory ``serve`` listens with."""
+    settings = daemon.config.daemon
+    # client_max_size guards request.read()/post(), which no handler uses: bodies go through signed_body.
+    app = web.Application(client_max_size=settings.max_body_size, middlewares=[gate_middleware])
     app[DAEMON] = daemon
     app[AUTH] = auth
+    app[BODIES] = BodyBudget(settings.max_body_memory)
+    app[GATE] = ConnectionGate(settings.max_connections, daemon.metrics)
     app.router.add_post("/v1/reports", post_reports)
     app.router.add_get("/v1/incidents", get_incidents)
     app.router.add_get("/v1/incidents/{id}", get_incident)
@@ -289,11 +322,22 @@ async def serve(config_path: str | None) -> int:
     tune_gc()
     auth = make_auth(config)
     app = make_app(daemon, auth)
+    gate = app[GATE]
+    gate.max_connections, nofile = fit_connections_to_fd_limit(config.daemon.max_connections)
+    if gate.max_connections < config.daemon.max_connections:
+        log.warning("MaxConnections lowered to fit the open-file limit (raise LimitNOFILE)",
+                    max_connections=gate.max_connections, configured=config.daemon.max_connections,
+                    nofile=nofile)
     host, _, port = config.daemon.listen.rpartition(":")
-    runner = web.AppRunner(app, access_log=None)
+    # keepalive_timeout is armed at accept: a connection that sends no complete
+    # request head within IdleTimeout (new, or kept alive after a response) is closed.
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.daemon.idle_timeout,
+                           lingering_time=LINGER_S, auto_decompress=False)
     await runner.setup()
-    site = web.TCPSite(runner, host.strip("[]"), int(port))
-    await site.start()
+    gate.make_handler = runner.server
+    # Our own listener instead of TCPSite: connections go through the gate first.
+    listener = await asyncio.get_running_loop().create_server(
+        gate, host.strip("[]"), int(port), reuse_address=True, backlog=LISTEN_BACKLOG)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, reload_config, daemon, config_path, auth)
@@ -304,6 +348,7 @@ async def serve(config_path: str | None) -> int:
     try:
         await run_loop(daemon, stop)
     finally:
+        listener.close()
         await runner.cleanup()
         daemon.store.close()
     log.info("artemisd stopped")

@@ -45,6 +45,9 @@ def test_auto_without_approve_leaves_the_rest_to_approval():
     ("PartitionPolicy=x Bogus=1\n", "Bogus", 1),
     ("PartitionPolicy=x Auto=drain Approve=drain\n", "PartitionPolicy", 1),
     ("RetryBackoff=soon\n", "RetryBackoff", 1),
+    ("MaxBodySize=lots\n", "MaxBodySize", 1),
+    ("MaxBodySize=4M\nMaxBodyMemory=1M\n", "MaxBodyMemory", 2),
+    ("MaxConnections=0\n", "MaxConnections", 1),
     ("MaxDrainFraction=0.1\n", "MaxDrainFraction", 1),  # a policy key outside a PartitionPolicy line
 ])
 def test_errors_name_file_line_and_key(text, key, line):
@@ -65,3 +68,36 @@ def test_policies_from_includes_keep_file_order(tmp_path):
 def test_shipped_example_parses():
     config = load_config(EXAMPLE)
     assert config.policies
+
+
+def test_transport_limits_and_sizes():
+    d = parse_config_text("MaxBodySize=4M MaxBodyMemory=1G ReadTimeout=5s IdleTimeout=1m MaxConnections=64\n").daemon
+    assert (d.max_body_size, d.max_body_memory) == (4 << 20, 1 << 30)
+    assert (d.read_timeout, d.idle_timeout, d.max_connections) == (5.0, 60.0, 64)
+    assert parse_config_text("MaxBodySize=65536\n").daemon.max_body_size == 65536
+    assert parse_config_text("MaxBodySize=512KiB\n").daemon.max_body_size == 512 << 10
+
+
+def test_the_unit_gives_the_default_connection_cap_its_files():
+    from artemisd.transport import FD_RESERVE
+
+    unit = (EXAMPLE.parent / "systemd" / "artemisd.service").read_text()
+    [limit] = [int(line.split("=", 1)[1]) for line in unit.splitlines() if line.startswith("LimitNOFILE=")]
+    assert limit >= parse_config_text("").daemon.max_connections + FD_RESERVE
+
+
+@pytest.mark.parametrize("soft, hard, want, expect", [
+    (1024, 20000, 4096, (4096, 4096 + 256)),  # soft raised towards the hard limit
+    (1024, 1024, 4096, (1024 - 256, 1024)),   # cannot: the cap shrinks below the limit
+    (8192, 8192, 4096, (4096, 8192)),         # fits already: nothing changes
+])
+def test_connection_cap_is_fitted_to_the_open_file_limit(soft, hard, want, expect):
+    import resource
+    import subprocess
+    import sys
+
+    # In a child: the test must not change this process's own limits.
+    code = f"from artemisd.transport import fit_connections_to_fd_limit as f; print(*f({want}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    assert tuple(int(x) for x in done.stdout.split()) == expect
