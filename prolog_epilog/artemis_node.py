@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -152,6 +153,10 @@ def log(program: str, message: str) -> None:
         pass
 
 
+# When the hard timeout fires (time.monotonic()); retries after a 503 stop short of it.
+_deadline: float | None = None
+
+
 def arm_hard_timeout(program: str, seconds: float) -> None:
     """Exit 0 after ``seconds`` whatever we are blocked in.
 
@@ -159,6 +164,8 @@ def arm_hard_timeout(program: str, seconds: float) -> None:
     0 from the alarm handler (``os._exit``, no cleanup that could block) is the
     one outcome that can do neither.
     """
+    global _deadline
+    _deadline = time.monotonic() + seconds
 
     def expire(signum: int, frame: Any) -> None:
         log(program, f"gave up after the hard timeout of {seconds:g} s")
@@ -180,14 +187,15 @@ def guarded(program: str, body: Any) -> int:
 # --- gathering ------------------------------------------------------------------
 
 
-def import_telemetry() -> types.ModuleType | None:
-    """``torch_hook.telemetry`` without running ``torch_hook/__init__``.
+def import_probe_module(name: str) -> types.ModuleType | None:
+    """``torch_hook.<name>`` without running ``torch_hook/__init__``.
 
     The probe package's ``__init__`` imports torch (seconds of start-up, and
-    absent from a node's system Python); its telemetry subpackage is stdlib
-    only.  So the package is registered bare — a module object whose only
-    content is its path — and the subpackage is imported from it.  This runs in
-    a short-lived process of our own, never inside a training rank.
+    absent from a node's system Python); its telemetry, munge and retry
+    modules are stdlib only.  So the package is registered bare — a module
+    object whose only content is its path — and the module is imported from
+    it.  This runs in a short-lived process of our own, never inside a
+    training rank.
     """
     if "torch_hook" not in sys.modules:
         spec = importlib.util.find_spec("torch_hook")
@@ -197,9 +205,13 @@ def import_telemetry() -> types.ModuleType | None:
         bare.__path__ = list(spec.submodule_search_locations)
         sys.modules["torch_hook"] = bare
     try:
-        return importlib.import_module("torch_hook.telemetry")
+        return importlib.import_module(f"torch_hook.{name}")
     except ImportError:
         return None
+
+
+def import_telemetry() -> types.ModuleType | None:
+    return import_probe_module("telemetry")
 
 
 def open_gpus(cfg: NodeConfig, node: str) -> Any:
@@ -316,8 +328,9 @@ class DaemonError(RuntimeError):
 def _credential(cfg: NodeConfig, body: bytes) -> str | None:
     if cfg.auth == "none":
         return None
-    if import_telemetry() is not None:  # torch_hook is importable: reuse its signer
-        signer = importlib.import_module("torch_hook.munge").MungeSigner(cfg.munge_socket)
+    munge = import_probe_module("munge")
+    if munge is not None:  # torch_hook is importable: reuse its signer
+        signer = munge.MungeSigner(cfg.munge_socket)
         try:
             credential = signer.credential(body)
         finally:
@@ -336,28 +349,51 @@ def _credential(cfg: NodeConfig, body: bytes) -> str | None:
     return done.stdout.strip()
 
 
+# Retries after 503/429 stop this long before the hard timeout, leaving time to log.
+_RETRY_MARGIN_S = 1.0
+_MAX_ATTEMPTS = 8
+
+
 def request(cfg: NodeConfig, method: str, path: str, payload: Any = None,
             timeout_s: float | None = None) -> Any:
-    """One authenticated JSON request to artemisd; returns the decoded reply."""
+    """One authenticated JSON request to artemisd; returns the decoded reply.
+
+    A ``503``/``429`` answer (the daemon stored nothing and is busy) is retried
+    after its ``Retry-After`` with growing, jittered waits, each time with a
+    fresh credential (munge refuses a replayed one), for as long as the
+    program's hard timeout leaves room; then it fails like any other error.
+    """
     base = cfg.http_base
     if base is None:
         raise DaemonError(f"no http endpoint configured in {cfg.source}")
     body = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
-    headers = {"Content-Type": "application/json"}
-    credential = _credential(cfg, body)
-    if credential:
-        headers["Authorization"] = f"Munge {credential}"
-    req = urllib.request.Request(f"{base}{path}", data=body if payload is not None else None,
-                                 method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s or cfg.timeout_s) as reply:
-            text = reply.read()
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")[:300]
-        raise DaemonError(f"{method} {path}: HTTP {err.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as err:
-        raise DaemonError(f"{method} {path}: {getattr(err, 'reason', err)}") from None
-    return json.loads(text) if text else None
+    retry = import_probe_module("retry")
+    backoff = retry.Backoff(random.Random()) if retry is not None else None
+    deadline = _deadline if _deadline is not None else time.monotonic() + cfg.timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        headers = {"Content-Type": "application/json"}
+        credential = _credential(cfg, body)
+        if credential:
+            headers["Authorization"] = f"Munge {credential}"
+        req = urllib.request.Request(f"{base}{path}", data=body if payload is not None else None,
+                                     method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s or cfg.timeout_s) as reply:
+                text = reply.read()
+            return json.loads(text) if text else None
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:300]
+            if retry is not None and backoff is not None and err.code in retry.RETRY_STATUSES \
+                    and attempt < _MAX_ATTEMPTS:
+                wait = backoff.next(retry.retry_after_s(err.headers.get("Retry-After")))
+                if time.monotonic() + wait + _RETRY_MARGIN_S < deadline:
+                    time.sleep(wait)
+                    continue
+            raise DaemonError(f"{method} {path}: HTTP {err.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise DaemonError(f"{method} {path}: {getattr(err, 'reason', err)}") from None
 
 
 def send_records(cfg: NodeConfig, records: list[dict[str, Any]]) -> dict[str, Any]:

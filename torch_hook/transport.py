@@ -1,13 +1,21 @@
 """Sends window reports from a background thread; never blocks a step.
 
 ``submit`` puts a report on a bounded queue without waiting; a full queue
-drops the report and counts it.  The sender thread completes reports (the
-``enrich`` callback adds telemetry, off the training thread), batches them and
-either POSTs them to ``<endpoint>/v1/reports`` with ``Authorization: Munge
-<credential>`` or, for ``file:/path``, appends JSON lines (a trace for
-``artemis replay``).  A daemon that is down, slow or answers garbage costs the
-batch (dropped, counted) and nothing else.  ``dropped`` is cumulative and goes
-into every later report as ``dropped_reports``.
+drops its oldest report (the newest says more about the job now) and counts
+it.  The sender thread completes reports (the ``enrich`` callback adds
+telemetry, off the training thread), batches them and either POSTs them to
+``<endpoint>/v1/reports`` with ``Authorization: Munge <credential>`` or, for
+``file:/path``, appends JSON lines (a trace for ``artemis replay``).
+
+A daemon that answers ``503``/``429`` (at its connection or memory limit) has
+stored nothing of the batch and asks to be retried: the sender waits its
+``Retry-After`` (at least the current backoff, which doubles from 1 s up to
+60 s, with jitter so a job's ranks do not return together) and resends the
+same batch with a fresh credential, for up to ``hold_s`` in all.  Only the
+sender thread waits; training keeps submitting into the bounded queue.  A
+daemon that is down, slow or answers garbage costs the batch (dropped,
+counted) and nothing else.  ``dropped`` is cumulative and goes into every later
+report as ``dropped_reports``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import threading
 import time
 import urllib.error
@@ -24,9 +33,19 @@ from typing import Any
 
 from torch_hook.munge import MungeSigner
 from torch_hook.notice import Reachability
+from torch_hook.retry import RETRY_STATUSES, Backoff, retry_after_s
 
 _BATCH_MAX = 64
+_HOLD_S = 300.0  # a batch the daemon keeps refusing is dropped after this long
 _STOP = object()
+
+
+class _Deferred(Exception):
+    """The daemon answered 503/429: nothing stored, retry after ``wait_s`` (None: not said)."""
+
+    def __init__(self, status: int, wait_s: float | None):
+        super().__init__(f"HTTP {status}, retry after {wait_s if wait_s is not None else '?'} s")
+        self.wait_s = wait_s
 
 
 class Sender:
@@ -39,9 +58,14 @@ class Sender:
         munge_socket: str | None = None,
         enrich: Callable[[dict[str, Any]], None] | None = None,
         on_reply: Callable[[dict[str, Any]], None] | None = None,
+        hold_s: float = _HOLD_S,
+        backoff: Backoff | None = None,
     ):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.hold_s = hold_s
+        self._backoff = backoff or Backoff(random.Random())
+        self._closing = threading.Event()
         self._munge_socket = munge_socket
         self._enrich = enrich
         self._on_reply = on_reply
@@ -50,8 +74,9 @@ class Sender:
         self._idle.set()
         # Counters (read by tests and put in reports); each written by one thread
         # only, so no increment is ever lost.
-        self._dropped_full = 0  # training thread: queue full
+        self._dropped_full = 0  # training thread: queue full, oldest dropped
         self._dropped_send = 0  # sender thread: daemon down, slow or refusing
+        self.deferred = 0  # sender thread: 503/429 answers waited out
         self.sent = 0
         self.unauthenticated = 0
         self.bad_replies = 0
@@ -68,13 +93,22 @@ class Sender:
 
     # -- training thread -----------------------------------------------------
     def submit(self, report: dict[str, Any]) -> bool:
-        try:
-            self._queue.put_nowait(report)
-            self._idle.clear()
-            return True
-        except queue.Full:
-            self._dropped_full += 1
-            return False
+        """Queue ``report``; never waits.  False: the queue was full and its oldest report was dropped."""
+        kept_all = True
+        for _ in range(2):  # the sender may refill the slot we freed; then the newest is dropped
+            try:
+                self._queue.put_nowait(report)
+                self._idle.clear()
+                return kept_all
+            except queue.Full:
+                kept_all = False
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    continue
+                self._dropped_full += 1
+        self._dropped_full += 1
+        return False
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until everything submitted was handled."""
@@ -87,6 +121,7 @@ class Sender:
 
     def close(self, timeout_s: float = 2.0) -> None:
         self.flush(timeout_s)
+        self._closing.set()  # a batch waiting out a 503 is dropped now, not retried
         try:
             self._queue.put_nowait(_STOP)
         except queue.Full:
@@ -117,6 +152,8 @@ class Sender:
                 self._idle.set()
 
     def _send(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
+        give_up = time.monotonic() + self.hold_s
+        self._backoff.reset()
         try:
             for report in batch:
                 if self._enrich is not None:
@@ -128,10 +165,21 @@ class Sender:
                 report["dropped_reports"] = self.dropped
             if not self.endpoint:
                 return
-            if self.endpoint.startswith("file:"):
-                self._append(batch)
-            else:
-                self._post(batch, signer)
+            while True:
+                try:
+                    if self.endpoint.startswith("file:"):
+                        self._append(batch)
+                    else:
+                        self._post(batch, signer)
+                    break
+                except _Deferred as deferred:
+                    self.deferred += 1
+                    self.last_error = f"deferred: {deferred}"
+                    wait = self._backoff.next(deferred.wait_s)
+                    if time.monotonic() + wait > give_up:
+                        raise
+                    if self._closing.wait(wait):
+                        raise
             self.sent += len(batch)
             self.reachability.ok(self.dropped)
         except Exception as err:  # noqa: BLE001 -- daemon down, slow, disk full: drop and count
@@ -159,8 +207,13 @@ class Sender:
             self.unauthenticated += 1
         url = self.endpoint.rstrip("/") + "/v1/reports"
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            raw = response.read(1 << 20)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read(1 << 20)
+        except urllib.error.HTTPError as err:
+            if err.code in RETRY_STATUSES:
+                raise _Deferred(err.code, retry_after_s(err.headers.get("Retry-After"))) from None
+            raise
         try:
             reply = json.loads(raw)
             if not isinstance(reply, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,6 +22,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.monotonic() when it arrived
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -32,6 +34,8 @@ class Recorder:
     corrections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     stalled: bool = False  # True: accept connections but never answer (a hung daemon)
     release: threading.Event = field(default_factory=threading.Event)
+    busy: int = 0  # answer this many next requests 503 + Retry-After, as a daemon at its limit does
+    retry_after: str = "1"
 
     def reports(self) -> list[dict[str, Any]]:
         return [rec for r in self.requests if r.path == "/v1/reports" for rec in r.json()]
@@ -57,8 +61,13 @@ class RecordingDaemon:
                 if recorder.stalled:
                     recorder.release.wait(timeout=60)  # bounded; released at teardown
                     return
+                if recorder.busy > 0:
+                    recorder.busy -= 1
+                    payload, status = {"error": "busy"}, 503
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                if status == 503:
+                    self.send_header("Retry-After", recorder.retry_after)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -67,7 +76,7 @@ class RecordingDaemon:
             def _record(self) -> Request:
                 length = int(self.headers.get("Content-Length") or 0)
                 req = Request(self.command, self.path, dict(self.headers.items()),
-                              self.rfile.read(length))
+                              self.rfile.read(length), time.monotonic())
                 recorder.requests.append(req)
                 return req
 

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from torch_hook.munge import MungeSigner
+from torch_hook.retry import Backoff, retry_after_s
 from torch_hook.transport import Sender
 
 
@@ -26,6 +27,9 @@ class _Handler(BaseHTTPRequestHandler):
     reply: bytes = b"{}"
     gate = threading.Event()  # cleared: the daemon hangs until the test opens it
     seen: list[tuple[bytes, str | None]] = []
+    at: list[float] = []  # time.monotonic() of each POST
+    busy = 0  # answer this many next POSTs 503 + Retry-After (a daemon at its limit)
+    retry_after = "1"
 
     def log_message(self, *args):
         pass
@@ -33,8 +37,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append((body, self.headers.get("Authorization")))
+        self.at.append(time.monotonic())
         self.gate.wait(30)
         try:
+            if _Handler.busy > 0:
+                _Handler.busy -= 1
+                self.send_response(503)
+                self.send_header("Retry-After", self.retry_after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self.send_response(200)
             self.send_header("Content-Length", str(len(self.reply)))
             self.end_headers()
@@ -45,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    _Handler.seen, _Handler.reply = [], b"{}"
+    _Handler.seen, _Handler.at, _Handler.reply, _Handler.busy, _Handler.retry_after = [], [], b"{}", 0, "1"
     _Handler.gate.set()
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
@@ -92,6 +104,59 @@ def test_hanging_daemon_never_blocks_submit_and_drops_are_counted(server):
     sender.flush(5.0)
     sender.close(timeout_s=3.0)
     assert sender.dropped == 50 - sender.sent and sender.dropped >= 47
+
+
+def test_busy_daemon_is_retried_after_retry_after_while_training_never_waits(server):
+    _Handler.busy, _Handler.retry_after = 2, "1"
+    sender = Sender(server, queue_size=4)
+    sender.submit(_report(0))
+    deadline = time.monotonic() + 10
+    while not _Handler.at and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The sender now waits out Retry-After; the training thread keeps submitting.
+    slowest, kept = 0.0, []
+    for seq in range(1, 21):
+        start = time.perf_counter()
+        kept.append(sender.submit(_report(seq)))
+        slowest = max(slowest, time.perf_counter() - start)
+    # Far below the 1 s the sender waits: submit never waits for it (generous for a loaded box).
+    assert slowest < 0.5, f"submit blocked {slowest:.3f} s while the sender backed off"
+    assert sender._queue.qsize() <= 4 and kept.count(False) == 16  # bounded: the oldest 16 dropped
+    assert sender.flush(30.0)
+    sender.close()
+    gaps = [b - a for a, b in zip(_Handler.at, _Handler.at[1:3])]
+    assert len(gaps) == 2 and all(g >= 1.0 for g in gaps), gaps  # Retry-After honoured, then doubled
+    first = [r["window"]["seq"] for r in json.loads(_Handler.seen[2][0])]
+    assert first == [0] and _Handler.seen[0][0] == _Handler.seen[2][0]  # the refused batch, resent as is
+    delivered = [r["window"]["seq"] for body, _ in _Handler.seen[3:] for r in json.loads(body)]
+    assert delivered == [17, 18, 19, 20]  # the newest survive the full queue
+    assert sender.deferred == 2 and sender.dropped == 16 and sender.sent == 5
+
+
+def test_daemon_that_stays_busy_costs_the_batch_not_the_close(server):
+    _Handler.busy, _Handler.retry_after = 1000, "30"
+    sender = Sender(server, hold_s=60)
+    sender.submit(_report(0))
+    deadline = time.monotonic() + 10
+    while not _Handler.at and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    sender.close(timeout_s=0.5)  # the sender is waiting out Retry-After: 30; close must not
+    assert time.monotonic() - start < 3
+    assert sender.dropped == 1 and sender.sent == 0 and "503" in (sender.last_error or "")
+
+
+def test_retry_after_and_backoff():
+    import random
+
+    assert retry_after_s("7") == 7.0 and retry_after_s(None) is None and retry_after_s("soon") is None
+    assert retry_after_s("Thu, 03 Dec 2026 10:00:30 GMT", now=1796292000.0) == 30.0
+    backoff = Backoff(random.Random(1), first_s=1.0, max_s=8.0)
+    waits = [backoff.next(None) for _ in range(6)]
+    assert all(base <= w <= 1.5 * base for w, base in zip(waits, [1, 2, 4, 8, 8, 8])), waits
+    backoff.reset()
+    assert 5.0 <= backoff.next(5.0) <= 7.5  # what the server asked, when more than the backoff
+    assert backoff.next(1000.0) <= 8.0 * 1.5  # never more than the cap
 
 
 def test_garbage_reply_and_no_daemon(server):

@@ -101,6 +101,28 @@ def test_hung_daemon_hits_the_hard_timeout_and_exits_zero(tmp_path: Path) -> Non
     assert "timed out" in done.stderr or "hard timeout" in done.stderr
 
 
+def test_busy_daemon_is_retried_after_its_retry_after(tmp_path: Path) -> None:
+    with RecordingDaemon() as daemon:
+        daemon.recorder.busy, daemon.recorder.retry_after = 2, "1"
+        conf = write_conf(tmp_path, daemon.endpoint, "AuthType=none\nTimeoutSeconds=10\n")
+        done = run_hook(PROLOG, slurmd_env(tmp_path, conf))
+    assert done.returncode == 0, done.stderr
+    posts = [r for r in daemon.recorder.requests if r.path == "/v1/reports"]
+    assert len(posts) == 3 and [r["event"] for r in daemon.recorder.reports()] == ["job_start"] * 3
+    assert len({r.body for r in posts}) == 1  # the same event, resent
+    gaps = [b.at - a.at for a, b in zip(posts, posts[1:])]
+    assert all(gap >= 1.0 for gap in gaps), gaps  # Retry-After honoured, never hammered
+
+
+def test_daemon_busy_past_the_timeout_gives_up_cleanly_before_it(tmp_path: Path) -> None:
+    with RecordingDaemon() as daemon:
+        daemon.recorder.busy, daemon.recorder.retry_after = 1000, "1"
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, daemon.endpoint)))  # TimeoutSeconds=3
+    assert done.returncode == 0
+    assert "HTTP 503" in done.stderr and "hard timeout" not in done.stderr
+    assert 2 <= len(daemon.recorder.requests) <= 3
+
+
 def test_bad_node_conf_is_named_and_harmless(tmp_path: Path) -> None:
     conf = tmp_path / "node.conf"
     conf.write_text("Endpoint=http://127.0.0.1:9\nTimeoutSecnds=3\n")
