@@ -181,7 +181,7 @@ def test_repeated_errors_keep_memory_flat(small, signer):
             else:
                 assert post(small.url, "/v1/incidents/INC-0/approve", b"", cred(signer, b""))[0] == 404
 
-    errors(2000)  # past the first collections of the cycles every closed connection leaves (server.tune_gc)
+    errors(2000)  # past the first collections of the cycles closed connections leave (transport.COLLECT_EVERY)
     before = vm_kib(small.pid, "VmRSS")
     deadline = time.monotonic() + 120
     rounds = 0
