@@ -73,7 +73,7 @@ class Credential:
     principal: Principal
     digest: str | None
 
-    def verify(self, digest: str) -> Principal:
+    def verify(self, digest: str | None) -> Principal:
         """The principal, if ``digest`` (sha256 hex of the body received) is the one signed."""
         if self.digest is not None and self.digest != digest:
             raise AuthError("credential payload is not the sha256 of the request body")

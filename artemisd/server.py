@@ -133,7 +133,7 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
     except AuthError as err:
         raise _refused(daemon, err) from None
     async with read_body(request, limit=settings.max_body_size, timeout_s=settings.read_timeout,
-                         budget=request.app[BODIES]) as (body, digest):
+                         budget=request.app[BODIES], digest=credential.digest is not None) as (body, digest):
         try:
             principal = credential.verify(digest)
         except AuthError as err:

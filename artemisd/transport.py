@@ -278,9 +278,9 @@ class BodyBudget:
 
 
 @contextlib.asynccontextmanager
-async def read_body(request: web.Request, *, limit: int, timeout_s: float,
-                    budget: BodyBudget) -> AsyncIterator[tuple[bytes, str]]:
-    """The body and its sha256 hex, streamed against ``limit`` bytes within ``timeout_s``.
+async def read_body(request: web.Request, *, limit: int, timeout_s: float, budget: BodyBudget,
+                    digest: bool = True) -> AsyncIterator[tuple[bytes, str | None]]:
+    """The body and its sha256 hex (None without ``digest``), streamed against ``limit`` bytes within ``timeout_s``.
 
     The bytes stay counted in ``budget`` until the ``async with`` ends (the
     request is processed); reading never holds more than ``limit`` bytes of one
@@ -292,7 +292,7 @@ async def read_body(request: web.Request, *, limit: int, timeout_s: float,
         raise Refused(413, f"request body of {declared} bytes exceeds MaxBodySize ({limit} bytes)", close=True)
     held = 0
     chunks: list[bytes] = []
-    digest = hashlib.sha256()
+    sha = hashlib.sha256() if digest else None
     try:
         try:
             async with asyncio.timeout(timeout_s):
@@ -306,14 +306,15 @@ async def read_body(request: web.Request, *, limit: int, timeout_s: float,
                         raise Refused(503, "artemisd holds too many request bodies (MaxBodyMemory); "
                                       f"retry after {RETRY_AFTER_S} s", retry_after=RETRY_AFTER_S, close=True)
                     held += len(chunk)
-                    digest.update(chunk)
+                    if sha is not None:
+                        sha.update(chunk)
                     chunks.append(chunk)
         except TimeoutError:
             raise Refused(408, f"request body not received within ReadTimeout ({timeout_s:g} s)",
                           close=True) from None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
-        yield body, digest.hexdigest()
+        yield body, sha.hexdigest() if sha is not None else None
     finally:
         budget.give(held)
 
@@ -329,6 +330,8 @@ async def gate_middleware(request: web.Request, handler: Callable[[web.Request],
     try:
         return await handler(request)
     except Refused as refused:
+        if gate is not None and gate.metrics is not None:
+            gate.metrics.requests_refused.labels(str(refused.status)).inc()
         return refused.response()
     finally:
         if door is not None:

@@ -73,6 +73,7 @@ def test_unauthenticated_uploads_are_refused_before_their_body_is_read(small, si
         assert [r[0] for r in concurrently(3, upload, small.port, size, chunked=True, cred=None)] == [401] * 3
     grown = vm_kib(small.pid) - before
     assert grown < 16 * 1024, f"resident high-water mark grew {grown} KiB"
+    assert small.metric('artemis_requests_refused_total{status="401"}') >= 8
     assert small.healthy()
 
 
