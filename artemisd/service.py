@@ -40,7 +40,7 @@ from artemisd import mail, policy, verify
 from artemisd.act import Actuator, Outcome, drain_reason
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.incident import Action, Cause, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Action, Cause, Evidence, Incident, IncidentKind, IncidentState, Result
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.remedy import propose
@@ -781,7 +781,7 @@ class Daemon:
         once it has lasted ``UnknownEscalateAfter`` and still costs at least
         ``UnknownEscalateLoss`` % of the job's healthy samples/s.
         """
-        if inc.cause is not Cause.UNKNOWN or any(e.signal not in SLOWDOWN_SIGNALS for e in inc.evidence):
+        if inc.cause is not Cause.UNKNOWN or any(self._deviates(e) for e in inc.evidence):
             return None
         d = self.config.daemon
         lasted = now - stored.created
@@ -793,6 +793,15 @@ class Daemon:
         return (f"cause unknown and no signal deviates; lasted {lasted:.0f} s of UnknownEscalateAfter="
                 f"{d.unknown_escalate_after:.0f}, costs {loss if loss is not None else '?'} % of "
                 f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
+
+    def _deviates(self, e: Evidence) -> bool:
+        """Is this evidence line a signal that differs, beyond the slowdown itself?"""
+        if e.signal in SLOWDOWN_SIGNALS:
+            return False
+        if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
+            # Identical work at peer speed says what is *not* wrong.
+            return e.peers > 0 and e.value / e.peers >= 1.0 + self.config.analysis.min_slowdown
+        return True
 
     def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
         """A matched probe was issued for this incident and has neither answered nor expired.

@@ -73,6 +73,18 @@ def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
         assert requeued
         job.wait_running(timeout_s=120)
         assert node not in job.nodes()
+        # Verified on the requeued run once it is past its warm-up, against the first
+        # run's healthy throughput; the hot node, still hot, is never resumed.
+        done = job.wait_incident(lambda i: i["id"] == incident["id"] and i["state"] in (
+            "resolved", "unresolved", "escalated"), "the drain verified", timeout_s=240)
+        result = done["result"]
+        assert result["throughput_healthy"] and result["throughput_before"] and result["throughput_after"], done
+        assert result["throughput_before"] < result["throughput_healthy"], done
+        assert slurm_cluster.drain_reasons().get(node, "").startswith("artemis:"), done
+        if done["state"] == "resolved":
+            assert result["throughput_after"] >= 0.85 * result["throughput_healthy"]
+        for pct in (done["loss_pct"], done["measured_loss_pct"]):
+            assert pct is None or 0.0 <= pct <= 100.0
     assert slurm_cluster.wait_job(quiet.job_id, timeout_s=120) == "COMPLETED"
     assert artemisd.records_of(quiet.job_id) == 0
     assert artemisd.records_of(job.job_id) > 0

@@ -349,6 +349,11 @@ def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_
             shown = await h.show(inc["id"])
             [held] = [a for a in shown["audit"] if a["what"] == "not escalated yet"]
             assert "UnknownEscalateLoss=20" in held["why"]
+            # A matched probe that ran identical work at peer speed is no deviating signal either.
+            from artemisd.incident import Evidence
+            assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
+            assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
+            assert h.daemon._deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
             # Now it costs 30 % (busy 80 vs 50: step 100 ms vs 70) and has lasted > 2 min: a person is told.
             await h.windows(range(30, 34), [80.0 if r == 2 else 50.0 for r in range(WORLD)])
             [inc] = await h.incidents()
