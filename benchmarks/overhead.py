@@ -37,11 +37,19 @@ without ranks:
 * ``optimizer.step()`` with and without the probe's global post-hook;
 * one window's report: building, submitting, telemetry, JSON, the write --
   paid once per window (W steps), mostly on the sender thread.
+
+    .venv/bin/python benchmarks/overhead.py --wrappers
+
+times each collective wrapper alone: one process, a gloo group of size 1 (a
+HashStore, no sockets), a 16-element tensor, so the call itself is a few
+microseconds and the wrapper's share is visible; per API, the cost per call
+without the probe, with it, and the difference (min of 5 runs of N calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -151,20 +159,99 @@ def _rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _per_call_us(fn, n: int) -> float:
+    best = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best.append((time.perf_counter() - t0) / n * 1e6)
+    return min(best)  # the least disturbed run: a cost, not a noise sample
+
+
+def _wrappers(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    import torch_hook
+    from torch_hook.config import ProbeConfig
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    pg = dist.GroupMember.WORLD
+    x, out = torch.ones(16), torch.zeros(16)
+    # Each lambda looks its API up at call time, so the same lambda runs the
+    # original before install() and the wrapper after it.
+    calls = {
+        "all_reduce (sync)": lambda: dist.all_reduce(x),
+        "all_reduce (async) + Work.wait": lambda: dist.all_reduce(x, async_op=True).wait(),
+        "all_gather_single (sync)": lambda: dist.all_gather_single(out, x),
+        "reduce_scatter_single (sync)": lambda: dist.reduce_scatter_single(out, x),
+        "funcol.all_reduce + wait_tensor": lambda: funcol.all_reduce(x, "sum", pg).wait(),
+        "funcol.all_gather_single + wait_tensor": lambda: funcol.all_gather_single(x, 0, pg).wait(),
+    }
+    n = 1000
+    for fn in calls.values():  # warm-up: first-call costs are not per-call costs
+        fn()
+    config = ProbeConfig(endpoint=None, job="bench", job_step="0", node="n0", window_steps=args.window)
+    bare: dict[str, float] = {}
+    wrapped: dict[str, float] = {}
+    for _ in range(4):  # alternate without/with, keep each one's least disturbed run
+        for name, fn in calls.items():
+            bare[name] = min(bare.get(name, 1e9), _per_call_us(fn, n))
+        torch_hook.install(config)
+        for name, fn in calls.items():
+            wrapped[name] = min(wrapped.get(name, 1e9), _per_call_us(fn, n))
+        torch_hook.uninstall()
+    # The wrappers' own work, without the collective: each wrapper around a
+    # no-op with the original's signature (what a real call adds, minus noise).
+    torch_hook.install(config)
+    probe = torch_hook._probe
+    inst = probe.instrumentation
+    from torch_hook.instrument import COLLECTIVES, _Spec
+
+    def noop_like(original):
+        return functools.wraps(original)(lambda *a, **k: None)
+
+    c10d = dist.distributed_c10d
+    pending = funcol.AsyncCollectiveTensor(torch.ones(16))
+    pure = {
+        "all_reduce (sync)": (inst._collective_wrapper(
+            _Spec("all_reduce", c10d.all_reduce, COLLECTIVES["all_reduce"]), noop_like(c10d.all_reduce)),
+            lambda w: w(x)),
+        "all_gather_single (sync)": (inst._collective_wrapper(
+            _Spec("all_gather_single", c10d.all_gather_single, COLLECTIVES["all_gather_single"]),
+            noop_like(c10d.all_gather_single)), lambda w: w(out, x)),
+        "funcol.all_reduce (issue)": (inst._functional_wrapper(
+            _Spec("all_reduce", funcol.all_reduce, "self"),
+            functools.wraps(funcol.all_reduce)(lambda *a, **k: pending)), lambda w: w(x, "sum", pg)),
+        "funcol.wait_tensor": (inst._wait_tensor_wrapper(lambda t: t), lambda w: w(x)),
+    }
+    pure_us = {}
+    for name, (wrapper, call) in pure.items():
+        pure_us[name] = round(_per_call_us(lambda: call(wrapper), 20 * n)
+                              - _per_call_us(lambda: call(lambda *a, **k: None), 20 * n), 2)
+    errors = inst.errors
+    torch_hook.uninstall()
+    dist.destroy_process_group()
+    rows = {name: {"without_us": round(bare[name], 2), "with_us": round(wrapped[name], 2),
+                   "added_us": round(wrapped[name] - bare[name], 2)} for name in calls}
+    print(json.dumps({"mode": "wrappers", "torch": torch.__version__, "calls_per_run": n,
+                      "hook_errors": errors, "per_call": rows, "wrapper_only_us": pure_us}))
+    for name, row in rows.items():
+        print(f"{name:40s} {row['without_us']:8.2f} us -> {row['with_us']:8.2f} us  ({row['added_us']:+.2f})",
+              file=sys.stderr)
+    for name, us in pure_us.items():
+        print(f"wrapper alone, {name:30s} {us:6.2f} us", file=sys.stderr)
+
+
 def _components(args: argparse.Namespace) -> None:
     import torch
 
     import torch_hook
 
-    def per_call_us(fn, n: int) -> float:
-        best = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best.append((time.perf_counter() - t0) / n * 1e6)
-        return min(best)  # the least disturbed run: a cost, not a noise sample
-
+    per_call_us = _per_call_us
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update({"ARTEMIS_ENDPOINT": f"file:{tmp}/t.jsonl", "ARTEMIS_WINDOW_STEPS": str(args.window)})
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
@@ -211,10 +298,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--micro", action="store_true", help="absolute per-step cost on a tiny one-rank step")
     parser.add_argument("--components", action="store_true", help="time the probe's pieces directly, no ranks")
+    parser.add_argument("--wrappers", action="store_true", help="time each collective wrapper alone, no ranks")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.components:
         _components(args)
+        return
+    if args.wrappers:
+        _wrappers(args)
         return
     if args.micro:
         args.ranks = 1

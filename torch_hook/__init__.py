@@ -15,7 +15,8 @@ Configuration (environment): ``ARTEMIS_ENDPOINT`` (``http://host:port`` or
 (60), ``ARTEMIS_JOB_ID`` / ``SLURM_JOB_ID``, ``ARTEMIS_STEP_ID`` /
 ``SLURM_STEP_ID``, ``ARTEMIS_NODE`` / ``SLURMD_NODENAME``, ``ARTEMIS_TELEMETRY``,
 ``ARTEMIS_MUNGE_SOCKET``, ``ARTEMIS_QUEUE``, ``ARTEMIS_HTTP_TIMEOUT``,
-``ARTEMIS_BOUNDARY_SYNC`` (1).
+``ARTEMIS_BOUNDARY_SYNC`` (1), ``ARTEMIS_COMPLETION_HOOKS`` (1: on NCCL groups,
+time collectives with the process group's completion hooks).
 
 Rebalancing: ``work_share()`` is this rank's relative share of the work (1.0
 unless a rebalance directive changed it); ``WeightedDistributedSampler`` applies
