@@ -324,6 +324,7 @@ def test_finding5_memory_stays_flat_under_repeated_errors(tmp_path):
         n = 3000
         assert [post(bodies[i % 3]) for i in range(n)] == [200] * n
         grown = rss_kib() - before
+        print(f"\n{n} refused items: RSS {before} KiB -> {before + grown} KiB ({grown * 1024 / n:.0f} B per item)")
         # Before the fix: ~3,000 KiB for these 3,000 errors.
         assert grown < 1000, f"RSS grew {grown} KiB over {n} refused items"
     finally:
