@@ -103,6 +103,7 @@ class _JobState:
     topology: int | None = None
     probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
     touched: int = 0  # the analyzer's ingest count when this step last reported
+    reference_key: Hashable | None = None  # the workload its reference is kept under
 
 
 class _LazyPeers:
@@ -625,7 +626,17 @@ class Analyzer:
         fingerprint = self._fingerprint(state)
         if not any(fingerprint.values()) or len(state.history.healthy) < detect.MIN_BASELINE_WINDOWS:
             return
-        refs = self._references.setdefault(self._workload(state, frame, conditions), [])
+        key = self._workload(state, frame, conditions)
+        if state.reference_key is not None and state.reference_key != key:
+            # One reference per job step: a sender that varies its workload from
+            # window to window (samples, world) must not leave one behind each time.
+            old = [r for r in self._references.get(state.reference_key, []) if r.job != state.job]
+            if old:
+                self._references[state.reference_key] = old
+            else:
+                self._references.pop(state.reference_key, None)
+        state.reference_key = key
+        refs = self._references.setdefault(key, [])
         refs[:] = [r for r in refs if r.job != state.job]
         h = state.history
         refs.append(WorkloadReference(fingerprint, h.median("step"), h.median("step_p50"), h.median("busy"),

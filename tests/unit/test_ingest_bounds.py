@@ -177,6 +177,21 @@ def test_finding1_per_job_state_is_bounded_whatever_the_reports_say(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_job_that_varies_its_workload_every_window_keeps_one_change_reference(tmp_path):
+    """Workload references (change detection) are kept per workload: one per job, not one per window."""
+    async def scenario():
+        async with Server(tmp_path) as srv:
+            env = {"driver": "550.54.15", "comm_lib": "nccl 2.21.5"}
+            for seq in range(40):
+                items = [r.model_dump(mode="json", exclude_none=True) for r in
+                         lockstep(seq, [50.0] * 4, job=JOB, nodes=NODES, env=env, samples_per_step=32 + seq)]
+                status, reply = await srv.post(json.dumps(items).encode())
+                assert status == 200 and reply["accepted"] == 4
+            refs = [r for refs in srv.daemon.analyzer._references.values() for r in refs if r.job == JOB]
+            assert len(refs) == 1
+    asyncio.run(scenario())
+
+
 def test_finding1_a_stored_report_that_cannot_be_used_never_stops_a_start(tmp_path, capsys):
     """A record an older artemisd stored (world 10**18), and a damaged one: the daemon still starts."""
     d = Artemisd(tmp_path)
