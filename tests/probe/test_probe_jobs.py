@@ -247,3 +247,7 @@ def test_probe_survives_no_daemon(tmp_path):
     for res in results:
         assert res["stats"]["dropped"] >= 1 and res["stats"]["sent"] == 0
         assert res["stats"]["errors"] == 0
+    # Not silent: each rank's stderr says once that nobody watches it (not once per window).
+    for rank in range(2):
+        log = (tmp_path / f"rank{rank}.log").read_text()
+        assert log.count("cannot reach the Artemis daemon") == 1, log
