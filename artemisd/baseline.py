@@ -28,12 +28,25 @@ class RankBaseline:
     ``spread``       the rank's own window-to-window variability of busy, as a
                      relative robust sigma (1.4826 x MAD / median).
     NaN where fewer than ``min_windows`` healthy windows are known.
+
+    Kept only for jobs with an island of two (``RankHistory.record`` given
+    ``comm_wait``), None otherwise; NaN below ``PAIR_MIN_WINDOWS`` windows:
+
+    ``ratio_spread`` the window-to-window variability of the rank's ratio to
+                     its island reference (in an island of two: to the other
+                     rank), relative robust sigma.  Load that slows both ranks
+                     of a pair cancels in the ratio, so this is the pair's
+                     own noise, not the machine's.
+    ``comm_wait``    median comm_wait, ms per step, from windows where the
+                     rank's island partner was healthy too.
     """
 
     usual_ratio: np.ndarray
     busy: np.ndarray
     spread: np.ndarray
     ranks: np.ndarray | None = None  # sorted
+    ratio_spread: np.ndarray | None = None
+    comm_wait: np.ndarray | None = None
 
     def at(self, ranks: np.ndarray) -> RankBaseline:
         """The baseline of ``ranks`` (NaN for a rank never seen healthy), row for row."""
@@ -41,27 +54,40 @@ class RankBaseline:
             return self
         if self.ranks.size == 0:
             empty = np.full(ranks.size, np.nan)
-            return RankBaseline(empty, empty, empty)
+            pairs = empty if self.comm_wait is not None else None
+            return RankBaseline(empty, empty, empty, None, pairs, pairs)
         idx = np.minimum(np.searchsorted(self.ranks, ranks), self.ranks.size - 1)
         hit = self.ranks[idx] == ranks
 
-        def pick(values: np.ndarray) -> np.ndarray:
+        def pick(values: np.ndarray | None) -> np.ndarray | None:
+            if values is None:
+                return None
             out = np.full(ranks.size, np.nan)
             out[hit] = values[idx[hit]]
             return out
-        return RankBaseline(pick(self.usual_ratio), pick(self.busy), pick(self.spread))
+        return RankBaseline(pick(self.usual_ratio), pick(self.busy), pick(self.spread), None,
+                            pick(self.ratio_spread), pick(self.comm_wait))
+
+
+# An island of two is judged only against the ranks' own histories: a spread
+# taken from three windows can be near zero by chance, so ask for a few more.
+PAIR_MIN_WINDOWS = 5
 
 
 class RankHistory:
     """Per-rank busy time and ratio to the island median over the last ``depth`` healthy windows.
 
-    Ring buffers of shape (depth, ranks seen), so a 100k-rank window is one
-    row write.  A column is added for each rank the first time it reports,
-    never for the world size a report claims: memory follows the ranks that
-    really sent something.  The medians behind ``baseline()`` cost a sort of
+    Ring buffers of shape (depth, ranks seen) with a write position per
+    column: a window writes only the ranks it has something to say about, so
+    a rank that stays slow for longer than ``depth`` windows keeps the healthy
+    past it is judged against instead of aging it out.  A column is added for
+    each rank the first time it reports, never for the world size a report
+    claims: memory follows the ranks that really sent something.  The medians behind ``baseline()`` cost a sort of
     the whole buffer; past the first few windows they move slowly, so they
     are then recomputed only every ``refresh`` recorded windows.
     """
+
+    _BUFFERS = ("_ratios", "_busy", "_wait")
 
     def __init__(self, depth: int, min_windows: int = 3, refresh: int = 4):
         self.depth = depth
@@ -71,26 +97,41 @@ class RankHistory:
         self._every = np.empty(0, dtype=np.intp)  # columns of a frame with every known rank
         self._ratios = np.full((depth, 0), np.nan, dtype=np.float32)
         self._busy = np.full((depth, 0), np.nan, dtype=np.float32)
-        self._next = 0
+        self._wait: np.ndarray | None = None  # allocated for jobs with an island of two
+        self._next = {name: np.zeros(0, dtype=np.int64) for name in self._BUFFERS}
         self.windows = 0
         self._cached: RankBaseline | None = None
         self._cached_at = -1
 
     def record(self, ranks: np.ndarray, busy: np.ndarray, ratios: np.ndarray, healthy: np.ndarray,
-               job_clean: bool = True) -> None:
+               job_clean: bool = True, comm_wait: np.ndarray | None = None,
+               reference_healthy: np.ndarray | None = None) -> None:
         """Remember the healthy ranks of one window.
 
         Ratios to the island median are immune to what slows the whole job, so
         they are kept even while a job-wide incident is open; absolute busy
         times are not, and are kept only from windows where the job was clean.
+
+        ``reference_healthy`` narrows ``healthy`` for the ratios and comm_wait:
+        in an island of two the reference is the other rank, and a healthy rank
+        measured against a slow partner has a low ratio and a long wait that
+        say nothing about itself.  ``comm_wait`` is given for jobs with an
+        island of two (the only ones whose baselines use it).
         """
         columns = self._columns(ranks)
-        for buffer, values, keep in ((self._ratios, ratios, True), (self._busy, busy, job_clean)):
-            row = buffer[self._next]
-            row[:] = np.nan
-            if keep:
-                row[columns[healthy]] = values[healthy]
-        self._next = (self._next + 1) % self.depth
+        ref = healthy if reference_healthy is None else healthy & reference_healthy
+        if comm_wait is not None and self._wait is None:
+            self._wait = np.full(self._busy.shape, np.nan, dtype=np.float32)
+            self._next["_wait"] = np.zeros(self._busy.shape[1], dtype=np.int64)
+        for name, values, keep, rows in (("_ratios", ratios, True, ref), ("_busy", busy, job_clean, healthy),
+                                         ("_wait", comm_wait, job_clean, ref)):
+            buffer = getattr(self, name)
+            if buffer is None or values is None or not keep:
+                continue
+            cols = columns[rows]
+            at = self._next[name]
+            buffer[at[cols], cols] = values[rows]
+            at[cols] = (at[cols] + 1) % self.depth
         self.windows += 1
 
     def _columns(self, ranks: np.ndarray) -> np.ndarray:
@@ -100,10 +141,15 @@ class RankHistory:
         known = np.union1d(self._ranks, ranks)
         if known.size != self._ranks.size:
             where = np.searchsorted(known, self._ranks)
-            for name in ("_ratios", "_busy"):
+            for name in self._BUFFERS:
+                if getattr(self, name) is None:
+                    continue
                 grown = np.full((self.depth, known.size), np.nan, dtype=np.float32)
                 grown[:, where] = getattr(self, name)
                 setattr(self, name, grown)
+                at = np.zeros(known.size, dtype=np.int64)
+                at[where] = self._next[name]
+                self._next[name] = at
             self._ranks, self._every, self._cached = known, np.arange(known.size), None
         return np.searchsorted(self._ranks, ranks)
 
@@ -126,7 +172,15 @@ class RankHistory:
         if np.any(known):
             deviation = np.abs(self._busy[:, known] - busy[known])
             spread[known] = 1.4826 * _column_medians(deviation, 1) / np.maximum(busy[known], 1e-9)
-        return RankBaseline(usual, busy, spread, self._ranks)
+        if self._wait is None:
+            return RankBaseline(usual, busy, spread, self._ranks)
+        wait = _column_medians(self._wait, PAIR_MIN_WINDOWS)
+        ratio_spread = np.full(world, np.nan)
+        paired = np.sum(~np.isnan(self._ratios), axis=0) >= PAIR_MIN_WINDOWS
+        if np.any(paired):
+            deviation = np.abs(self._ratios[:, paired] - usual[paired])
+            ratio_spread[paired] = 1.4826 * _column_medians(deviation, 1) / np.maximum(usual[paired], 1e-9)
+        return RankBaseline(usual, busy, spread, self._ranks, ratio_spread, wait)
 
 
 def _column_medians(values: np.ndarray, min_count: int) -> np.ndarray:

@@ -22,6 +22,29 @@ waits for a straggler can never be flagged here, by construction.
    rank together: there is no straggler to compare with peers.  The job's
    median step time is compared with its healthy baseline; the rise is split
    into busy (compute/input) and comm_wait (communication).
+
+3. **An island of two** (a 2-rank job, or two ranks of one make in a mixed
+   job) has no peer median: each rank's one peer is the other rank, and which
+   of two is "normal" only history can say.  A rank A with partner B is
+   flagged when all of
+
+       ratio = busy_A / busy_B                       >= 1 + MinSlowdown
+       rel   = ratio / A's usual ratio (its history)  >= 1 + MinSlowdown
+       (rel − 1) / A's window-to-window spread of ratio >= RobustZ
+       busy_A / A's healthy busy − 1                 >= (rel − 1) / 2
+       comm_wait_B − B's healthy comm_wait           >= expected / 2,
+           expected = max(busy_A, M) − max(busy_B × max(1, usual ratio), M)
+
+   hold: A is the slower of the two now, by more than it usually is and more
+   than the pair's own noise; at least half of that is A getting slower (not
+   B faster); and B's measured wait rose by at least half of what A's excess
+   should cost it.  M is the largest busy of the job's other ranks (none in a
+   2-rank job): in a mixed job whose other island is slower anyway, B waits
+   for that island, and A's slowdown costs B only what it adds on top.  Load that slows the whole machine slows both ranks and
+   cancels in the ratio.  B's busy did not rise, so B's ratio is below 1 and
+   B can never be flagged: the rank that waits is never blamed.  Both ranks
+   need ``PAIR_MIN_WINDOWS`` healthy windows first; a pair whose comm_wait is
+   not measured is not judged.
 """
 
 from __future__ import annotations
@@ -50,6 +73,7 @@ class RankFlags:
     z: np.ndarray
     flagged: np.ndarray  # bool
     steady: np.ndarray  # bool: the per-step medians show it too (True where not measured)
+    partner: np.ndarray | None = None  # row of the other rank of an island of two, -1 elsewhere
 
     @property
     def rows(self) -> np.ndarray:
@@ -57,7 +81,11 @@ class RankFlags:
 
 
 def island_statistics(frame: WindowFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Median busy and robust sigma of each row's island, broadcast to rows."""
+    """Median busy and robust sigma of each row's island, broadcast to rows.
+
+    In an island of two the "median" of a rank is its one peer's busy (the
+    incident contract's median busy of the island peers), not the pair's mean.
+    """
     median = np.empty(frame.size)
     sigma = np.empty(frame.size)
     if len(frame.island_names) == 1:
@@ -68,6 +96,10 @@ def island_statistics(frame: WindowFrame) -> tuple[np.ndarray, np.ndarray]:
         groups = np.split(order, bounds)
     for rows in groups:
         busy = frame.busy[rows]
+        if rows.size == 2:
+            median[rows] = busy[::-1]
+            sigma[rows] = np.maximum(SIGMA_FLOOR * busy[::-1], 1e-9)
+            continue
         m = float(np.median(busy))
         mad = float(np.median(np.abs(busy - m)))
         median[rows] = m
@@ -105,10 +137,72 @@ def detect_ranks(
     flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
     if baseline is not None:
         flagged |= _slower_than_own_past(frame, settings, baseline)
-    # An island of one or two ranks has no peers to speak of: nothing to judge.
+    # An island of one or two ranks has no peer median: an island of one is
+    # not judged, an island of two by its own rule.
     counts = np.bincount(frame.island, minlength=len(frame.island_names))
     flagged &= counts[frame.island] >= 3
-    return RankFlags(median, sigma, ratio, judged, z, flagged, steady_rows(frame, settings))
+    steady = steady_rows(frame, settings)
+    partner = pair_partners(frame, counts)
+    if baseline is not None and np.any(partner >= 0):
+        pair_flagged, pair_steady = _pair_flags(frame, settings, baseline, partner)
+        flagged |= pair_flagged
+        steady = np.where(partner >= 0, pair_steady, steady)
+    return RankFlags(median, sigma, ratio, judged, z, flagged, steady, partner)
+
+
+def pair_partners(frame: WindowFrame, counts: np.ndarray | None = None) -> np.ndarray:
+    """For each row in an island of exactly two ranks, the other rank's row; -1 elsewhere."""
+    if counts is None:
+        counts = np.bincount(frame.island, minlength=len(frame.island_names))
+    partner = np.full(frame.size, -1, dtype=np.int64)
+    for code in np.flatnonzero(counts == 2):
+        a, b = np.flatnonzero(frame.island == code)
+        partner[a], partner[b] = b, a
+    return partner
+
+
+def _max_except(values: np.ndarray, rows: tuple[int, int]) -> float:
+    """The largest value outside ``rows``; NaN when there is none (a 2-rank job)."""
+    if values.size <= len(rows):
+        return float("nan")
+    rest = np.delete(values, rows)
+    return float(np.max(rest)) if rest.size else float("nan")
+
+
+def _pair_flags(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline,
+                partner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The island-of-two rule (module docstring, 3.): flagged rows, and whether
+    each row's per-step medians show it too (True where not measured)."""
+    flagged = np.zeros(frame.size, dtype=bool)
+    steady = np.ones(frame.size, dtype=bool)
+    if baseline.ratio_spread is None or baseline.comm_wait is None:
+        return flagged, steady
+    rows = np.flatnonzero(partner >= 0)
+    other = partner[rows]
+    busy, other_busy = frame.busy[rows], frame.busy[other]
+    usual = baseline.usual_ratio[rows]
+    spread = np.maximum(baseline.ratio_spread[rows], SIGMA_FLOOR)
+    own = baseline.busy[rows]
+    wait, usual_wait = frame.comm_wait[other], baseline.comm_wait[other]
+    known = np.isfinite(usual) & np.isfinite(spread) & np.isfinite(own) & np.isfinite(wait) & np.isfinite(usual_wait)
+    if not known.any():
+        return flagged, steady
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = busy / np.maximum(other_busy, 1e-9)
+        rel = ratio / usual
+        own_rise = busy / own - 1.0
+        # What B now waits for, minus what it waited for when A was healthy
+        # (B × A's usual ratio): the slowest of A, B and the rest of the job.
+        slowest_else = np.array([_max_except(frame.busy, (r, o)) for r, o in zip(rows, other)])
+        floor = np.fmax(np.maximum(other_busy * np.maximum(usual, 1.0), 0.0), slowest_else)
+        expected = np.fmax(busy, slowest_else) - floor
+        slow = 1.0 + settings.min_slowdown
+        flagged[rows] = known & (ratio >= slow) & (rel >= slow) & ((rel - 1.0) / spread >= settings.robust_z) \
+            & (own_rise >= 0.5 * (rel - 1.0)) & (wait - usual_wait >= 0.5 * expected)
+        p50, other_p50 = frame.busy_p50[rows], frame.busy_p50[other]
+        measured = np.isfinite(p50) & np.isfinite(other_p50) & np.isfinite(usual)
+        steady[rows] = ~measured | (p50 / np.maximum(other_p50, 1e-9) / usual >= 1.0 + settings.min_slowdown / 2)
+    return flagged, steady
 
 
 def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline) -> np.ndarray:

@@ -23,6 +23,11 @@ peers in the windows that confirmed it:
                  evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
                  the configured floor the cause is reported as ``unknown``.
+
+In an island of two ranks (a 2-rank job, or a pair of one make in a mixed job)
+the peers of a rank are the other rank: ``ratio`` = busy / the other rank's
+busy, ``excess_ms`` = busy − the other rank's busy.  Such a rank is flagged
+from its own history and the wait it causes the other (detect.py, rule 3).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from artemisd.baseline import JobHistory, JobSummary, WorkloadReference
+from artemisd.baseline import JobHistory, JobSummary, RankBaseline, WorkloadReference
 from artemisd.confirm import ProbeJudgement, ProbeVerdict
 from artemisd.detect import JobFlag
 from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
@@ -227,18 +227,38 @@ def _input_candidate(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray, ex
     return (Cause.INPUT_LOADER, conf, evidence), True
 
 
+def pair_evidence(frame: WindowFrame, row: int, partner: int, baseline: RankBaseline) -> tuple[Evidence, ...]:
+    """What convicted a rank of an island of two: its busy against its own
+    healthy history, and the other rank's comm_wait against its own
+    (``baseline`` aligned with the frame's rows)."""
+    other = int(frame.rank[partner])
+    own = baseline.busy[row]
+    usual_wait = baseline.comm_wait[partner] if baseline.comm_wait is not None else float("nan")
+    return (
+        Evidence(signal="ms.busy", value=_r(frame.busy[row]), peers=_r(own),
+                 note="against its own healthy windows: an island of two has no peer median"),
+        Evidence(signal="ms.comm_wait", value=_r(frame.comm_wait[partner]), peers=_r(usual_wait),
+                 note=f"rank {other}, the other rank of its island, now waits for it at every collective"),
+    )
+
+
 def diagnose_straggler(
     frame: WindowFrame,
     rows: np.ndarray,
     peers: np.ndarray,
     floor: float,
     probe: ProbeJudgement | None = None,
+    history: Iterable[Evidence] = (),
 ) -> Diagnosis:
-    """Why are ``rows`` (one rank, or the ranks of one node) slower than ``peers``?"""
+    """Why are ``rows`` (one rank, or the ranks of one node) slower than ``peers``?
+
+    ``history`` is evidence from the subject's own past (``pair_evidence``),
+    listed after the comparison with the peers.
+    """
     busy, peer_busy = _median(frame.busy[rows]), _median(frame.busy[peers])
     excess = busy - peer_busy
     base = [Evidence(signal="ms.busy", value=_r(busy), peers=_r(peer_busy),
-                     note="time not spent waiting for other ranks, per step")]
+                     note="time not spent waiting for other ranks, per step"), *history]
     candidates: list[tuple[Cause, float, list[Evidence]]] = []
     missing: list[str] = []
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from artemisd import detect, verify
-from artemisd.baseline import JobHistory, JobSummary, RankHistory, WorkloadReference
+from artemisd.baseline import JobHistory, JobSummary, RankBaseline, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, agree_on_link, judge_probe
 from artemisd.frame import WindowFrame
 from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
-from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler
+from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler, pair_evidence
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
@@ -342,7 +342,7 @@ class Analyzer:
             self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
                           lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
-                              frame, r, p.rows, s.confidence_floor, o),
+                              frame, r, p.rows, s.confidence_floor, o, self._pair_evidence(frame, r, flags, baseline)),
                           island=island, rows=subject_rows)
         if job_flag is not None:
             key = ("job",)
@@ -370,7 +370,16 @@ class Analyzer:
         healthy = ~flags.flagged & ~watched_rows
         job_clean = job_flag is None and change is None and not any(
             k[0] in ("job", "change") for k in state.open)
-        state.ranks.record(frame.rank, frame.busy, flags.ratio, healthy, job_clean)
+        paired = flags.partner >= 0
+        if np.any(paired):
+            # A rank of an island of two is measured against the other rank:
+            # its ratio and its wait are its own only while the other is healthy.
+            reference_healthy = np.ones(frame.size, dtype=bool)
+            reference_healthy[paired] = healthy[flags.partner[paired]]
+            state.ranks.record(frame.rank, frame.busy, flags.ratio, healthy, job_clean,
+                               comm_wait=frame.comm_wait, reference_healthy=reference_healthy)
+        else:
+            state.ranks.record(frame.rank, frame.busy, flags.ratio, healthy, job_clean)
         # The job's own baseline: a window where no rank stood out and no
         # confirmed straggler is in force (a suspect that is quiet this window
         # does not slow it; at 10k ranks some suspect is nearly always open).
@@ -438,6 +447,14 @@ class Analyzer:
             except ValueError:
                 return np.zeros(frame.size, dtype=bool)
         return np.ones(frame.size, dtype=bool)
+
+    @staticmethod
+    def _pair_evidence(frame: WindowFrame, rows: np.ndarray, flags: detect.RankFlags,
+                       baseline: RankBaseline | None) -> tuple[Evidence, ...]:
+        """A rank of an island of two was judged against its own history and the wait it causes: say so."""
+        if rows.size != 1 or baseline is None or flags.partner[rows[0]] < 0:
+            return ()
+        return pair_evidence(frame, int(rows[0]), int(flags.partner[rows[0]]), baseline)
 
     @staticmethod
     def _straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: _LazyPeers, flags: detect.RankFlags,

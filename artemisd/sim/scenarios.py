@@ -71,6 +71,10 @@ class SuiteSpec(_Spec):
     dense_noise: Range = (DENSE_NOISE * 0.67, DENSE_NOISE * 1.33)
     varlen_noise: Range = (VARLEN_NOISE * 0.9, VARLEN_NOISE * 1.1)
     mixed_islands: float = Field(default=0.2, ge=0, le=1)  # share of jobs with NVIDIA + AMD
+    # Ranks of the AMD island of a mixed job, on nodes of its own, beside `world`
+    # NVIDIA ranks (an island of two inside a larger job); None: the job's nodes
+    # are split between the two at random.
+    second_island_ranks: int | None = Field(default=None, gt=0)
     magnitude: Range = (0.05, 0.40)  # log-uniform; window-mean slowdown (intermittent peaks are higher)
     patterns: dict[str, float] = {"steady": 0.6, "intermittent": 0.2, "ramp": 0.2}
     duty: Range = (0.55, 0.85)
@@ -114,9 +118,14 @@ class _Drawer:
         s, rng = self.s, self.rng
         rpn = int(rng.choice(s.ranks_per_node))
         world = int(rng.choice(s.world))
-        world = max(2 * rpn if mixed else rpn, world - world % rpn)
+        if not (mixed and s.second_island_ranks is not None):
+            world = max(2 * rpn if mixed else rpn, world - world % rpn)
         compute = self.uniform(s.compute_ms)
-        if mixed:
+        if mixed and s.second_island_ranks is not None:
+            islands = (NVIDIA_H100.model_copy(update={"ranks": world, "compute_ms": compute}),
+                       AMD_MI300X.model_copy(update={"ranks": s.second_island_ranks,
+                                                     "compute_ms": compute * float(rng.uniform(1.05, 1.2))}))
+        elif mixed:
             nv_nodes = int(rng.integers(1, world // rpn))
             islands = (NVIDIA_H100.model_copy(update={"ranks": nv_nodes * rpn, "compute_ms": compute}),
                        AMD_MI300X.model_copy(update={"ranks": world - nv_nodes * rpn,
@@ -172,7 +181,7 @@ class _Drawer:
         if cause in ("gpu.thermal", "gpu.power", "gpu.clocks", "input.loader", "host.cpu", "input.storage"):
             flip = rng.random() < s.node_scope and rpn > 1
             default_node = cause in ("host.cpu", "input.storage")
-            if default_node != flip:
+            if default_node != flip and rpn > 1:  # with one rank per node a node fault is a rank fault
                 extra["node_ranks"] = int(rng.integers(2, rpn + 1))
             else:
                 extra["rank"] = int(rng.integers(sum(i.ranks for i in job["islands"])))

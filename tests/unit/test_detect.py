@@ -49,9 +49,11 @@ def test_ranks_are_only_compared_within_their_island():
     assert detect_ranks(f, SETTINGS).rows.size == 0
 
 
-def test_island_of_two_is_never_judged():
+def test_island_of_two_is_not_judged_by_peers():
+    # No median of one peer: without the pair's own history (test_small_islands.py) nothing is flagged.
     f = frame([100, 100, 100, 100, 100, 100, 130, 100], island=["a"] * 6 + ["b"] * 2)
     assert detect_ranks(f, SETTINGS).rows.size == 0
+    assert detect_ranks(f, SETTINGS, baseline_for(8, usual=[1.0] * 8, busy=[100] * 8)).rows.size == 0
 
 
 def baseline_for(world, usual=None, busy=None, spread=0.005):

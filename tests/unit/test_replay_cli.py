@@ -62,3 +62,20 @@ def test_console_script_runs(tmp_path):
     done = subprocess.run([sys.executable, "-m", "artemisd.cli", "replay", str(trace), "--json"],
                           capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout)["cause"] == "gpu.power"
+
+
+def test_replay_of_a_simulated_two_rank_job_names_its_slow_rank(tmp_path, capsys):
+    # Issue 10: a 2-rank job gets a rank incident, not only a job-level one.
+    slowed, healthy = tmp_path / "slowed.jsonl", tmp_path / "healthy.jsonl"
+    common = ["--world", "2", "--ranks-per-node", "1", "--windows", "30", "--seed", "3", "--noise", "varlen"]
+    assert main(["sim", str(slowed), *common, "--fault", "gpu.clocks:rank=1,onset=12,magnitude=0.15"]) == 0
+    assert main(["sim", str(healthy), *common]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(slowed), "--json"]) == 0
+    [line] = capsys.readouterr().out.strip().splitlines()
+    incident = json.loads(line)
+    assert (incident["kind"], incident["rank"], incident["node"], incident["cause"]) == ("rank", 1, "n00001",
+                                                                                        "gpu.clocks")
+    assert incident["ratio"] > 1.1 and incident["excess_ms"] > 0
+    assert main(["replay", str(healthy), "--json", "--all"]) == 0
+    assert capsys.readouterr().out.strip() == ""

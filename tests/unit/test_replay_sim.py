@@ -110,3 +110,36 @@ def test_waiting_ranks_are_never_blamed(cause, rank, magnitude, onset, seed):
     for inc in incidents:
         assert inc.rank in (None, rank) and inc.node in (None, node), (inc.kind.value, inc.rank, inc.node)
     assert s.recall == 1.0
+
+
+def _pair_job(job: str, faults=(), step_noise=0.015, mixed: bool = False, windows: int = 30) -> JobSpec:
+    """A 2-rank job, one rank per node; ``mixed``: 8 NVIDIA ranks and an AMD pair."""
+    if mixed:
+        islands = (NVIDIA_H100.model_copy(update={"ranks": 8}), AMD_MI300X.model_copy(update={"ranks": 2}))
+    else:
+        islands = (NVIDIA_H100.model_copy(update={"ranks": 2}),)
+    return JobSpec(job=job, islands=islands, ranks_per_node=1, windows=windows,
+                   noise=NoiseSpec(step=step_noise), faults=tuple(faults))
+
+
+SMALL = [("gpu.thermal", 1), ("gpu.power", 0), ("gpu.clocks", 1), ("host.cpu", 0), ("input.loader", 1),
+         ("input.storage", 0)]
+
+
+@pytest.mark.parametrize("cause,rank", SMALL, ids=[c for c, _ in SMALL])
+def test_replay_names_the_slow_rank_of_a_two_rank_job(cause, rank):
+    job = _pair_job("100", [FaultSpec(cause=cause, rank=rank, onset=10, magnitude=0.2)], step_noise=0.07)
+    _assert_found(_replay(FleetSpec(seed=31, jobs=(job,))), cause)
+
+
+@pytest.mark.parametrize("rank", [8, 9])
+def test_replay_names_the_slow_rank_of_an_island_of_two_in_a_mixed_job(rank):
+    job = _pair_job("101", [FaultSpec(cause="gpu.thermal", rank=rank, onset=10, magnitude=0.15)], mixed=True)
+    _assert_found(_replay(FleetSpec(seed=32, jobs=(job,))), "gpu.thermal")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replay_reports_nothing_for_healthy_small_jobs(seed):
+    jobs = (_pair_job("102", step_noise=0.07, windows=40), _pair_job("103", mixed=True, windows=40))
+    _, incidents = _replay(FleetSpec(seed=40 + seed, jobs=jobs))
+    assert incidents == [], [(i.kind.value, i.rank, i.cause.value, i.state.value) for i in incidents]

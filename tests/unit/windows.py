@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from artemisd.wire import WindowReport, parse_record
 
 HEALTHY_GPU = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "power_w": 600, "power_limit_w": 700,
@@ -34,10 +36,33 @@ def lockstep(
     telemetry: bool = True,
     rebalance_opt_in: bool = False,
 ) -> list[WindowReport]:
-    world = len(busy)
     step = max(busy) + comm_ms
+    return _reports(seq, [step] * len(busy), busy, [step - b for b in busy], None, job=job, steps=steps,
+                    nodes=nodes, data=data, gpu=gpu, host=host, island=island, env=env,
+                    samples_per_step=samples_per_step, telemetry=telemetry, rebalance_opt_in=rebalance_opt_in)
+
+
+def stepwise(seq: int, busy_steps: np.ndarray, *, comm_ms: float = 20.0, **kw: Any) -> list[WindowReport]:
+    """One window from per-step busy times (steps × ranks), run in lockstep.
+
+    Each step ends when its slowest rank arrives, so a rank's comm_wait per
+    step is the slowest rank's busy − its own + ``comm_ms``; the report gets
+    the window means and the per-step medians (``ms_p50``), as the probe sends.
+    """
+    step = busy_steps.max(axis=1) + comm_ms
+    wait = step[:, None] - busy_steps
+    world = busy_steps.shape[1]
+    p50 = [{"step": float(np.median(step)), "busy": float(np.median(busy_steps[:, r]))} for r in range(world)]
+    return _reports(seq, [float(step.mean())] * world, busy_steps.mean(axis=0).tolist(),
+                    wait.mean(axis=0).tolist(), p50, steps=busy_steps.shape[0], **kw)
+
+
+def _reports(seq, step, busy, wait, p50, *, job="100", steps=50, nodes=None, data=None, gpu=None, host=None,
+             island=None, env=None, samples_per_step=32, telemetry=True,
+             rebalance_opt_in=False) -> list[WindowReport]:
+    world = len(busy)
     nodes = nodes or [f"n{r // 2}" for r in range(world)]
-    t0 = 1_000_000.0 + seq * steps * step / 1000.0
+    t0 = 1_000_000.0 + seq * steps * step[0] / 1000.0
     reports = []
     for rank, b in enumerate(busy):
         d = data[rank] if data else 1.0
@@ -46,12 +71,14 @@ def lockstep(
             "node": nodes[rank],
             "device": {"vendor": "nvidia", "model": "H100", "index": rank % 2},
             "window": {"seq": seq, "first_step": seq * steps, "steps": steps, "t0": t0,
-                       "t1": t0 + steps * step / 1000.0},
-            "ms": {"step": step, "busy": b, "compute": b - d, "data": d, "comm_wait": step - b},
+                       "t1": t0 + steps * step[rank] / 1000.0},
+            "ms": {"step": step[rank], "busy": b, "compute": b - d, "data": d, "comm_wait": wait[rank]},
             "samples": samples_per_step * steps,
             "collectives": [{"op": "all_reduce", "group": "world", "calls": steps, "bytes": 1e8,
-                             "ms": (step - b) * steps}],
+                             "ms": wait[rank] * steps}],
         }
+        if p50 is not None:
+            record["ms_p50"] = p50[rank]
         if island:
             record["island"] = island[rank]
         if telemetry:
