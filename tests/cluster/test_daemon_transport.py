@@ -87,6 +87,22 @@ def test_authenticated_body_is_streamed_against_the_limit(small, signer):
     assert status == 200 and reply["accepted"] == 1
 
 
+def test_bodies_held_at_once_are_bounded_by_max_body_memory(munged, signer, tmp_path):
+    conf = "MaxBodySize=4M\nMaxBodyMemory=4M\nReadTimeout=5\n"
+    with StandaloneDaemon(tmp_path / "artemisd", munged.socket, conf) as daemon:
+        with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as holder, \
+                socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as second:
+            holder.sendall(head_bytes(daemon.port, length=4 * MIB, cred=cred(signer, b"a")) + b"x" * (3 * MIB))
+            time.sleep(1.0)  # the daemon holds 3 MiB of the 4 it may
+            second.sendall(head_bytes(daemon.port, length=2 * MIB, cred=cred(signer, b"b")) + b"y" * (2 * MIB))
+            status, headers, body = read_answer(second, 10)
+            assert status == 503 and headers.get("retry-after") == "2", (status, headers, body)
+            assert "MaxBodyMemory" in json.loads(body)["error"]
+            assert read_answer(holder, 15)[0] == 408  # the stalled one times out and frees its share
+        status, reply, _ = post(daemon.url, "/v1/reports", EVENT, cred(signer, EVENT))
+        assert status == 200 and reply["accepted"] == 1
+
+
 def test_slow_upload_slow_head_and_idle_connection_are_timed_out(small, signer):
     with socket.create_connection(("127.0.0.1", small.port), timeout=10) as slow_body:
         slow_body.sendall(head_bytes(small.port, length=1000, cred=cred(signer, b"x")) + b"[")
