@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from artemisd.config import PartitionPolicy
 from artemisd.incident import Cause, Incident
+from artemisd.slurm.api import NodeInfo
 
 Mode = Literal["auto", "approve", "recommend"]
 HARD_ACTIONS = frozenset({"drain", "requeue"})
@@ -61,6 +62,9 @@ POWER_LIMIT_DROP = 0.97
 THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake"})
 CLOCK_REASONS = frozenset({"applications_clocks", "hw_slowdown"})
+# A GPU reading counts as evidence only under load: utilization at least this
+# (an idle GPU reads 0 %; a training GPU, even a throttled one, reads > 90 %).
+LOAD_UTIL_PCT = 50.0
 # TCP retransmits (or fabric retries) per second that a healthy node does not show.
 RETRANSMITS_PER_S = 5.0
 
@@ -112,21 +116,63 @@ def decide(
                                 f"in PartitionPolicy={policy.name}")
 
 
-def drain_budget(policy: PartitionPolicy, partition_size: int, drained_by_artemis: int,
-                 drains_last_hour: int) -> tuple[bool, str]:
-    """May one more node of this partition be drained?
+@dataclass(frozen=True)
+class DrainRecord:
+    """One drain Artemis decided: its node, action status, and when it was decided or approved (s)."""
 
-    ``drained_by_artemis`` counts the partition's nodes Artemis holds drained
-    (including drains decided but not yet performed), so a storm of incidents
-    decided one after another can never overshoot.
+    id: int
+    node: str
+    status: str
+    at: float
+
+
+HOUR_S = 3600.0
+_IN_FLIGHT = frozenset({"queued", "running"})
+_PERFORMED = frozenset({"done", "rolled_back"})
+
+
+@dataclass(frozen=True)
+class BudgetUse:
+    """How much of a partition's drain budget is used.
+
+    ``held``: nodes counted against ``MaxDrainFraction`` — nodes of the
+    partition Slurm shows drained with an ``artemis:`` reason, plus nodes whose
+    drain is in flight (and, when deciding, waiting for approval).
+    ``last_hour``: drains counted against ``MaxDrainsPerHour`` — every drain
+    waiting, in flight, or done or rolled back within the last hour.
     """
-    allowed = int(policy.max_drain_fraction * partition_size)
-    if drained_by_artemis + 1 > allowed:
-        return False, (f"drain budget spent: {drained_by_artemis} of {partition_size} nodes drained, "
-                       f"MaxDrainFraction={policy.max_drain_fraction} allows {allowed}")
-    if drains_last_hour + 1 > policy.max_drains_per_hour:
-        return False, (f"drain budget spent: {drains_last_hour} drains in the last hour, "
-                       f"MaxDrainsPerHour={policy.max_drains_per_hour}")
+
+    size: int
+    held: int
+    last_hour: int
+
+
+def budget_use(nodes: tuple[NodeInfo, ...], drains: list[DrainRecord], now: float, *,
+               waiting: bool = True, exclude: int | None = None) -> BudgetUse:
+    """Count a partition's budget use from Slurm's node states and Artemis' own drains.
+
+    ``waiting=False`` leaves the other drains waiting for approval out: when a
+    person approves one, the others are not yet drains and must not block it.
+    ``exclude`` is the drain being approved (it is the "one more").
+    """
+    names = {n.name for n in nodes}
+    open_ = _IN_FLIGHT | ({"pending_approval"} if waiting else set())
+    mine = [d for d in drains if d.node in names and d.id != exclude]
+    # Slurm is the truth for what is drained: a node a person resumed frees its share at once.
+    held = {n.name for n in nodes if n.drained_by_artemis} | {d.node for d in mine if d.status in open_}
+    hour = sum(1 for d in mine if d.status in open_ or (d.status in _PERFORMED and now - d.at < HOUR_S))
+    return BudgetUse(len(nodes), len(held), hour)
+
+
+def drain_budget(policy: PartitionPolicy, use: BudgetUse) -> tuple[bool, str]:
+    """May one more node of this partition be drained?  The refusal names the budget."""
+    allowed = int(policy.max_drain_fraction * use.size)
+    if use.held + 1 > allowed:
+        return False, (f"drain budget: MaxDrainFraction={policy.max_drain_fraction:g} reached: {use.held} of "
+                       f"{use.size} nodes drained or being drained by Artemis (allows {allowed})")
+    if use.last_hour + 1 > policy.max_drains_per_hour:
+        return False, (f"drain budget: MaxDrainsPerHour={policy.max_drains_per_hour} reached: {use.last_hour} "
+                       f"drain{'' if use.last_hour == 1 else 's'} in the last hour")
     return True, ""
 
 
@@ -136,35 +182,69 @@ def _gpus_of(event: dict[str, Any], gpu: int | None) -> list[dict[str, Any]]:
     return chosen or gpus
 
 
-def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None) -> str | None:
-    """What the root-side node event shows for ``cause``; None if it does not show it."""
-    for g in _gpus_of(event, gpu):
-        reasons = set(g.get("throttle") or ())
-        clock, top = g.get("sm_clock_mhz"), g.get("max_sm_clock_mhz")
-        limit, default = g.get("power_limit_w"), g.get("default_power_limit_w")
-        idx = g.get("index")
-        if cause is Cause.GPU_THERMAL and reasons & THERMAL_REASONS:
-            return f"gpu {idx} thermal throttle {sorted(reasons & THERMAL_REASONS)}"
-        if cause is Cause.GPU_POWER:
-            if reasons & POWER_REASONS:
-                return f"gpu {idx} power throttle {sorted(reasons & POWER_REASONS)}"
-            if limit is not None and default and limit < POWER_LIMIT_DROP * default:
-                return f"gpu {idx} power limit {limit} W below default {default} W"
-        if cause is Cause.GPU_CLOCKS:
-            if reasons & CLOCK_REASONS:
-                return f"gpu {idx} clock event {sorted(reasons & CLOCK_REASONS)}"
-            if clock is not None and top and clock < CLOCK_DROP * top:
-                return f"gpu {idx} SM clock {clock} MHz of {top} MHz"
-    if cause is Cause.COMM_LINK:
-        retrans = (event.get("host") or {}).get("net_retransmits_per_s")
-        if retrans is not None and retrans >= RETRANSMITS_PER_S:
-            return f"{retrans:.0f} retransmits/s"
+def _idle(gpu: dict[str, Any]) -> str | None:
+    """Why this reading cannot show a fault under load, or None when the GPU was busy.
+
+    An idle GPU drops its clocks (reason ``idle``) and shows low utilization:
+    every idle GPU in the cluster "agrees" with a clock fault.  Utilization not
+    measured is not proof of load, so it does not count either.
+    """
+    if "idle" in (gpu.get("throttle") or ()):
+        return "throttle reason idle"
+    util = gpu.get("util_pct")
+    if not isinstance(util, int | float):
+        return "utilization not measured"
+    if util < LOAD_UTIL_PCT:
+        return f"utilization {util:g} % < {LOAD_UTIL_PCT:g} %"
     return None
 
 
+def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None,
+                 under_load: bool = True) -> tuple[str | None, str | None]:
+    """(what the root-side event shows for ``cause``, why a reading was set aside).
+
+    ``under_load``: only readings of a busy GPU count (corroboration before an
+    action).  Without it (is a drained, now idle node still faulty?) a throttle
+    reason or a lowered power limit counts whatever the load, but a low clock
+    still only under load: an idle GPU's clock is low by design.
+    """
+    idle = None
+    for g in _gpus_of(event, gpu):
+        idx = g.get("index")
+        why = _idle(g)
+        if why is not None and under_load:
+            idle = idle or f"gpu {idx} idle ({why})"
+            continue
+        load = f" at {g['util_pct']:g} % load" if why is None else ""
+        reasons = set(g.get("throttle") or ())
+        clock, top = g.get("sm_clock_mhz"), g.get("max_sm_clock_mhz")
+        limit, default = g.get("power_limit_w"), g.get("default_power_limit_w")
+        if cause is Cause.GPU_THERMAL and reasons & THERMAL_REASONS:
+            return f"gpu {idx} thermal throttle {sorted(reasons & THERMAL_REASONS)}{load}", None
+        if cause is Cause.GPU_POWER:
+            if reasons & POWER_REASONS:
+                return f"gpu {idx} power throttle {sorted(reasons & POWER_REASONS)}{load}", None
+            if limit is not None and default and limit < POWER_LIMIT_DROP * default:
+                return f"gpu {idx} power limit {limit} W below default {default} W", None
+        if cause is Cause.GPU_CLOCKS:
+            if reasons & CLOCK_REASONS:
+                return f"gpu {idx} clock event {sorted(reasons & CLOCK_REASONS)}{load}", None
+            if why is None and clock is not None and top and clock < CLOCK_DROP * top:
+                return f"gpu {idx} SM clock {clock} MHz of {top} MHz{load}", None
+    if cause is Cause.COMM_LINK:
+        # Retransmits need traffic: an idle host shows none, so no load gate is needed.
+        retrans = (event.get("host") or {}).get("net_retransmits_per_s")
+        if retrans is not None and retrans >= RETRANSMITS_PER_S:
+            return f"{retrans:.0f} retransmits/s", None
+    return None, idle
+
+
 def root_side_shows(cause: Cause, event: dict[str, Any], gpu: int | None = None) -> str | None:
-    """What a root-side node event shows of ``cause`` (None if it does not show it)."""
-    return _root_agrees(cause, event, gpu)
+    """What a root-side node event still shows of ``cause``, whatever the load (None: nothing).
+
+    Asked of a node Artemis drained (so idle now) before undoing the drain.
+    """
+    return _root_agrees(cause, event, gpu, under_load=False)[0]
 
 
 def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
@@ -214,20 +294,34 @@ def _link_corroborated(incident: Incident, node_event: dict[str, Any] | None, ag
         return False, f"no root-side node event from {node}"
     if age_s is not None and age_s > max_age_s:
         return False, f"root-side evidence from {node} is {age_s:.0f} s old (EvidenceMaxAge={max_age_s:.0f})"
-    seen = _root_agrees(Cause.COMM_LINK, node_event, None)
+    seen = _root_agrees(Cause.COMM_LINK, node_event, None)[0]
     if seen is None:
         return False, f"root-side node check on {node} does not show its network in trouble"
     return True, f"{agreeing} matched probes agree on {node}'s link; root-side node check on {node}: {seen}"
 
 
+def evidence_age(received: float, event: dict[str, Any], now: float) -> float:
+    """Age of a root-side node event: since it was measured (its ``time``) or received, the older."""
+    measured = event.get("time")
+    taken = min(received, measured) if isinstance(measured, int | float) and measured > 0 else received
+    return max(0.0, now - taken)
+
+
 def corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
                  max_age_s: float, mode: str, slowdown: float, gpu: int | None = None) -> tuple[bool, str]:
-    """Is the incident's cause confirmed by evidence its job's owner cannot forge?"""
+    """Is the incident's cause confirmed by evidence its job's owner cannot forge?
+
+    Root-side evidence counts only when it is at most ``max_age_s`` old
+    (EvidenceMaxAge) and shows the incident's own fault class on a GPU under
+    load (``_idle``): an idle GPU's low clocks are what every idle GPU reports.
+    A link needs more (``_link_corroborated``).
+    """
     if incident.cause is Cause.COMM_LINK:
         return _link_corroborated(incident, node_event, age_s, max_age_s, mode, slowdown)
-    if incident.cause in (Cause.GPU_THERMAL, Cause.GPU_POWER, Cause.GPU_CLOCKS, Cause.COMM_LINK):
+    if incident.cause in (Cause.GPU_THERMAL, Cause.GPU_POWER, Cause.GPU_CLOCKS):
+        idle = None
         if node_event is not None and age_s is not None and age_s <= max_age_s:
-            seen = _root_agrees(incident.cause, node_event, gpu)
+            seen, idle = _root_agrees(incident.cause, node_event, gpu)
             if seen:
                 return True, f"root-side node check on {incident.node}: {seen}"
         if mode == "root_or_probe":
@@ -236,7 +330,11 @@ def corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: f
                 return True, seen
         if node_event is None:
             return False, f"no root-side node event from {incident.node}"
-        if age_s is not None and age_s > max_age_s:
-            return False, f"root-side evidence from {incident.node} is {age_s:.0f} s old (EvidenceMaxAge={max_age_s:.0f})"
+        if age_s is None or age_s > max_age_s:
+            age = f"{age_s:.0f} s" if age_s is not None else "of unknown age"
+            return False, f"root-side evidence from {incident.node} is {age} old (EvidenceMaxAge={max_age_s:.0f})"
+        if idle:
+            return False, (f"root-side node check on {incident.node} does not show {incident.cause.value} under "
+                           f"load: {idle}")
         return False, f"root-side node check on {incident.node} does not show {incident.cause.value}"
     return False, f"cause {incident.cause.value} is not a hardware fault a drain can fix"

@@ -150,8 +150,8 @@ async def post_reports(request: web.Request) -> web.Response:
         except IngestError as err:
             return _error(400, str(err))
         records, rejected = daemon.validate(items)
-        owners = await daemon.owners(daemon.jobs_needing_owner_check(principal, records))
-        result = daemon.accept(records, principal, owners, rejected)
+        jobs = await daemon.check_jobs(principal, records)
+        result = daemon.accept(records, principal, jobs, rejected)
     result.rejected.sort(key=lambda r: r["index"])
     daemon.metrics.ingest_seconds.observe(time.perf_counter() - started)
     return _json(result.as_json())
@@ -204,7 +204,7 @@ async def post_decision(request: web.Request) -> web.Response:
     if not principal.admin:
         return _error(403, f"{principal.who} may not approve or deny: needs root, SlurmUser or AdminUids")
     try:
-        inc = daemon.approve(request.match_info["id"], principal, request.match_info["decision"] == "approve")
+        inc = await daemon.approve(request.match_info["id"], principal, request.match_info["decision"] == "approve")
     except KeyError:
         return _error(404, f"no incident {request.match_info['id']}")
     except ValueError as err:

@@ -44,7 +44,8 @@ from artemisd.incident import Action, Cause, Evidence, Incident, IncidentKind, I
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.remedy import propose
-from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
+from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
+from artemisd.slurm.cli import collect_hostlist
 from artemisd.store import ActionRow, Store, StoredIncident
 from artemisd.wire import NodeEvent, Record, ReportError, WindowReport, parse_record
 
@@ -53,13 +54,15 @@ FINAL = (S.RESOLVED.value, S.DISMISSED.value)
 REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": False,
               "constrain": False, "escalate": False}
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
-PARTITION_CACHE_S = 60.0
 MAX_ITEMS_PER_REQUEST = 100_000
 MAX_DEPTH = 200  # pydantic-core's fixed nesting limit; a wire record needs 4
 _TOO_DEEP = "recursion limit exceeded"  # how pydantic-core says it
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
 MAX_LOGGED_FAILURES = 64  # kinds of unforeseen per-item failure logged with a traceback (once each)
 VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
+# A claim outside the cached allocation re-reads the job at most this often:
+# a requeued job has new nodes, but a wrong claim must not cost a Slurm call each.
+ALLOCATION_RECHECK_S = 5.0
 RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
 RESTART_GAP = 4  # a window this far below the highest seen starts a new run
 
@@ -199,6 +202,25 @@ def _deeper_than_limit(segment: str) -> bool:
     return False
 
 
+def claim_problem(rec: WindowReport | NodeEvent, info: JobInfo) -> str | None:
+    """Why ``rec`` does not fit what Slurm says of its job ("field: reason"), or None.
+
+    A report may only name a node of the job's allocation: otherwise a job's
+    owner could pin a slowdown, and so a drain, on anyone's node.  ``world``
+    may not exceed the ranks the job can run (``JobInfo.max_world``).
+    """
+    if rec.node not in info.nodes:
+        if not info.nodes:
+            return f"node: job {info.job_id} has no nodes allocated (state {info.state})"
+        return f"node: {rec.node} is not in job {info.job_id}'s allocation {collect_hostlist(info.nodes)}"
+    if type(rec) is WindowReport:
+        limit = info.max_world
+        if limit is not None and rec.world > limit:
+            return (f"world: {rec.world} is more ranks than job {info.job_id} can run "
+                    f"({info.tasks or '?'} tasks, {info.cpus or '?'} CPUs in Slurm)")
+    return None
+
+
 def subject_of(inc: Incident) -> str:
     return "|".join(str(x) for x in (inc.job, inc.kind.value, inc.rank, inc.node, inc.link, inc.island))
 
@@ -214,7 +236,6 @@ class Daemon:
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
         self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
-        self._partition_nodes: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._last_report: dict[tuple[str, int], tuple[str, str, int | None]] = {}  # -> step, node, gpu
         self._steps: dict[str, str] = {}
         self._window_count: dict[str, int] = {}
@@ -347,22 +368,37 @@ class Daemon:
                 bad.append({"index": index, "error": self._unforeseen("validating", err)})
         return good, bad
 
-    def jobs_needing_owner_check(self, principal: Principal,
-                                 records: Iterable[tuple[int, WindowReport | NodeEvent]]) -> set[str]:
-        if principal.root_side:
-            return set()
-        return {rec.job for _, rec in records if rec.job is not None}
+    async def check_jobs(self, principal: Principal,
+                         records: list[tuple[int, WindowReport | NodeEvent]]) -> dict[str, JobInfo | None | SlurmError]:
+        """What Slurm says of each job a user's records name (owner, nodes, size), for ``accept``.
 
-    async def owners(self, jobs: set[str]) -> dict[str, int | None]:
-        """uid owning each job, asked of Slurm (cached ``JobCacheSeconds``)."""
-        out: dict[str, int | None] = {}
-        for job in jobs:
+        Read through the job cache (``JobCacheSeconds``).  When a record claims a
+        node outside the cached allocation, or a world beyond the cached size,
+        the job is read again (at most every ``ALLOCATION_RECHECK_S``): a
+        requeued job runs on new nodes.  Slurm unreachable with nothing cached:
+        the ``SlurmError``, and ``accept`` refuses those records.  Root-side
+        senders are not checked.
+        """
+        if principal.root_side:
+            return {}
+        claims: dict[str, list[WindowReport | NodeEvent]] = {}
+        for _, rec in records:
+            if rec.job is not None:
+                claims.setdefault(rec.job, []).append(rec)
+        out: dict[str, JobInfo | None | SlurmError] = {}
+        for job, recs in claims.items():
             try:
-                info = await self.job_info(job)
+                info = await self.job_info(job, strict=True)
+                read_at = self._job_info[job][0] if job in self._job_info else self.clock()
+                if info is not None and self.clock() - read_at >= ALLOCATION_RECHECK_S \
+                        and any(claim_problem(rec, info) for rec in recs):
+                    info = await self.job_info(job, fresh=True, strict=True)
+                out[job] = info
+            except SlurmError as err:
+                out[job] = err
             except Exception as err:  # noqa: BLE001 - an unreadable answer about one job: that job is refused
-                self._unforeseen("looking up the owner of", err)
-                info = None
-            out[job] = info.user_id if info else None
+                self._unforeseen("looking up", err)
+                out[job] = None
         return out
 
     async def job_info(self, job: str, fresh: bool = False, strict: bool = False) -> JobInfo | None:
@@ -393,21 +429,26 @@ class Daemon:
         return value
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
-               owners: dict[str, int | None] | None = None, rejected: list[dict[str, Any]] | None = None) -> IngestResult:
-        """Store and analyze validated records; a record for a job the sender does not own is rejected.
+               jobs: dict[str, JobInfo | None | SlurmError] | None = None,
+               rejected: list[dict[str, Any]] | None = None) -> IngestResult:
+        """Store and analyze validated records.
 
         Each record is stored, then analysed, under a last-resort guard: an
         unforeseen failure refuses that record alone (its reason in the reply,
         logged once per kind), and one that fails analysis is quarantined so a
         restart never replays it.
+
+        A user's record is rejected on its own unless Slurm (``jobs``, from
+        ``check_jobs``) says the sender owns its job, its node is in the job's
+        allocation and its world fits the job's size.
         """
         now = self.clock()
         result = IngestResult(rejected=list(rejected or []))
         rows = []
         kept: list[tuple[int, WindowReport | NodeEvent]] = []
-        owners = owners or {}
+        jobs = jobs or {}
         for index, rec in records:
-            problem = None if principal.root_side else self._not_allowed(rec, principal, owners)
+            problem = None if principal.root_side else self._not_allowed(rec, principal, jobs)
             if problem:
                 result.rejected.append({"index": index, "error": problem})
                 continue
@@ -480,15 +521,19 @@ class Daemon:
                 seqs.append(None)
         return seqs
 
-    def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal, owners: dict[str, int | None]) -> str | None:
+    def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal,
+                     jobs: dict[str, JobInfo | None | SlurmError]) -> str | None:
         if rec.job is None:
             return "job: node events without a job need root or SlurmUser credentials"
-        owner = owners.get(rec.job)
-        if owner is None:
+        info = jobs.get(rec.job)
+        if isinstance(info, SlurmError):
+            # Never trusted unchecked, never dropped silently: the sender is told to send it again.
+            return f"job: Slurm could not be reached to check job {rec.job} ({info}); not stored, send it again"
+        if info is None:
             return f"job: {rec.job} is not known to Slurm"
-        if owner != principal.uid:
+        if info.user_id != principal.uid:
             return f"job: {rec.job} is not owned by {principal.who}"
-        return None
+        return claim_problem(rec, info)
 
     def _run_of(self, rec: WindowReport) -> WindowReport:
         """Tell a restarted job (requeued: windows numbered from 0 again) from late reports.
@@ -697,7 +742,7 @@ class Daemon:
         try:
             info = await self.job_info(stored.job, strict=True)
             partition = info.partition if info else self.store.job_partition(stored.job)
-            nodes = await self._nodes_of(partition, strict=True)
+            nodes = await self._nodes_of(partition)
         except SlurmError as err:
             log.warning("decision postponed: Slurm unreachable", incident=stored.id, error=str(err))
             return
@@ -843,20 +888,32 @@ class Daemon:
         gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
         d = self.config.daemon
         return policy.corroborated(inc, evidence[1] if evidence else None,
-                                   now - evidence[0] if evidence else None, d.evidence_max_age,
-                                   d.hard_action_evidence, self.config.analysis.min_slowdown, gpu)
+                                   policy.evidence_age(evidence[0], evidence[1], now) if evidence else None,
+                                   d.evidence_max_age, d.hard_action_evidence, self.config.analysis.min_slowdown, gpu)
 
-    def _drain_budget(self, pol, partition: str | None, nodes: tuple[str, ...], now: float) -> tuple[bool, str]:
+    def _drain_budget(self, pol, partition: str | None, nodes: tuple[NodeInfo, ...], now: float,
+                      approving: int | None = None) -> tuple[bool, str]:
+        """The partition's drain budget, from Slurm's node states (``nodes``, read just now) and our drains.
+
+        Deciding counts drains waiting for approval; approving one (``approving``)
+        does not count the others that still wait.
+        """
         if not nodes:
             return False, f"drain budget unknown: the nodes of partition {partition!r} could not be listed"
-        drained = self.store.drained_nodes() & set(nodes)
-        return policy.drain_budget(pol, len(nodes), len(drained), self.store.drains_since(now - 3600, nodes))
+        drains = [policy.DrainRecord(*row) for row in self.store.drain_actions()]
+        use = policy.budget_use(nodes, drains, now, waiting=approving is None, exclude=approving)
+        return policy.drain_budget(pol, use)
 
-    async def _nodes_of(self, partition: str | None, strict: bool = False) -> tuple[str, ...]:
+    async def _nodes_of(self, partition: str | None) -> tuple[NodeInfo, ...]:
+        """The partition's nodes and states, read from Slurm now (raises SlurmError): budgets
+        must see a person's ``scontrol update State=RESUME`` at once, so this is never cached."""
         if not partition:
             return ()
-        return await self._slurm_cached(self._partition_nodes, partition, PARTITION_CACHE_S,
-                                        self.slurm.partition_nodes, False, strict, ())
+        try:
+            return await asyncio.to_thread(self.slurm.partition_nodes, partition)
+        except SlurmError:
+            self.metrics.backend_errors.labels("slurm").inc()
+            raise
 
     def _cooldown_left(self, target: str, incident_id: str, cooldown: float, now: float) -> float:
         last = self.store.last_action_on(target, incident_id)
@@ -1256,7 +1313,13 @@ class Daemon:
 
     # --- people ------------------------------------------------------------------------------------
 
-    def approve(self, incident_id: str, principal: Principal, approve: bool) -> dict[str, Any]:
+    async def approve(self, incident_id: str, principal: Principal, approve: bool) -> dict[str, Any]:
+        """A person's decision on the action waiting for approval.
+
+        Approving a drain re-checks the partition's drain budget against Slurm
+        first; beyond it the approval is refused (``ValueError`` naming the
+        budget) and the drain keeps waiting.  Slurm unreachable: refused too.
+        """
         stored = self.store.incident(incident_id)
         if stored is None:
             raise KeyError(incident_id)
@@ -1264,10 +1327,17 @@ class Daemon:
         if not pending:
             raise ValueError(f"{incident_id} has no action waiting for approval")
         row = pending[-1]
+        if approve and row.kind == "drain":
+            await self._approval_budget(stored, row, principal)
+            # The Slurm reads awaited: re-read what a concurrent request may have changed.
+            stored = self.store.incident(incident_id)
+            if stored is None or not any(r.id == row.id and r.status == "pending_approval"
+                                         for r in self.store.actions_of(incident_id)):
+                raise ValueError(f"{incident_id} has no action waiting for approval")
         inc = Incident.model_validate(stored.body)
         now = self.clock()
         if approve:
-            self.store.set_action_params(row.id, {**row.params, "approved_by": principal.who})
+            self.store.set_action_params(row.id, {**row.params, "approved_by": principal.who, "approved_at": now})
             self.store.update_action(row.id, "queued", f"approved by {principal.who}")
             inc.action = Action(kind=row.kind, target=row.target, status="running", reversible=REVERSIBLE[row.kind])
             inc.advance(S.ACTING)
@@ -1279,3 +1349,18 @@ class Daemon:
                     now=now, action=row.id)
         self._save(stored, inc)
         return inc.contract_dict()
+
+    async def _approval_budget(self, stored: StoredIncident, row: ActionRow, principal: Principal) -> None:
+        try:
+            info = await self.job_info(stored.job, strict=True)
+            partition = info.partition if info else self.store.job_partition(stored.job)
+            nodes = await self._nodes_of(partition)
+        except SlurmError as err:
+            raise ValueError(f"cannot check the drain budget, Slurm is unreachable ({err}): "
+                             f"{row.kind} {row.target} still waits for approval") from None
+        ok, why = self._drain_budget(self.config.policy_for(partition), partition, nodes, self.clock(),
+                                     approving=row.id)
+        if not ok:
+            self._audit(stored.id, principal.who, f"approval of {row.kind} {row.target} refused", why,
+                        action=row.id)
+            raise ValueError(f"approval refused: {why}; {row.kind} {row.target} still waits for approval")

@@ -374,18 +374,17 @@ class Store:
         rows = self._action_rows("WHERE id = ?", (action_id,))
         return rows[0] if rows else None
 
-    def drains_since(self, since: float, nodes: Iterable[str] | None = None) -> int:
-        """Drains Artemis performed (or has in flight) since ``since``."""
-        rows = self.db.execute("SELECT target FROM actions WHERE kind = 'drain' AND status IN "
-                               "('queued', 'running', 'done') AND created >= ?", (since,)).fetchall()
-        wanted = set(nodes) if nodes is not None else None
-        return sum(1 for (target,) in rows if wanted is None or target in wanted)
+    def drain_actions(self) -> list[tuple[int, str, str, float]]:
+        """(id, node, status, when) of every drain that may count toward a budget.
 
-    def drained_nodes(self) -> set[str]:
-        """Nodes Artemis drained and has not given back (rolled back / resumed)."""
-        rows = self.db.execute("SELECT target FROM actions WHERE kind = 'drain' AND status IN "
-                               "('queued', 'running', 'done')").fetchall()
-        return {target for (target,) in rows}
+        ``when`` is when it was approved, else when it was decided: an approval
+        given hours after the decision drains the node at approval time.
+        """
+        rows = self.db.execute("SELECT id, target, status, created, params FROM actions WHERE kind = 'drain' AND "
+                               "status IN ('pending_approval', 'queued', 'running', 'done', 'rolled_back') "
+                               "ORDER BY id")
+        return [(aid, target, status, float(json.loads(params).get("approved_at", created)))
+                for aid, target, status, created, params in rows]
 
     def last_action_on(self, target: str, other_than: str) -> float | None:
         """When another incident last acted on ``target`` (cooldowns are between incidents)."""

@@ -283,6 +283,8 @@ class NodeGpu(_Model):
     power_limit_w: NonNegative | None = None
     default_power_limit_w: NonNegative | None = None
     temp_c: float | None = None
+    # Root-side corroboration counts a reading only under load (policy._idle).
+    util_pct: Annotated[float, Field(ge=0, le=100)] | None = None
     throttle: tuple[ThrottleReason, ...] | None = None
 
 

@@ -224,8 +224,10 @@ def open_gpus(cfg: NodeConfig, node: str) -> Any:
     return telemetry.open_backend(cfg.telemetry, node=node)
 
 
+# util_pct: root-side evidence counts only for a GPU under load (an idle GPU's
+# low clocks are no fault).
 _NODE_GPU_KEYS = ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w",
-                  "default_power_limit_w", "temp_c", "throttle")
+                  "default_power_limit_w", "temp_c", "util_pct", "throttle")
 
 
 def gpu_snapshot(backend: Any) -> list[dict[str, Any]] | None:

@@ -60,6 +60,8 @@ class JobInfo:
     excluded_nodes: tuple[str, ...] = ()
     features: str = ""
     admin_comment: str = ""
+    tasks: int | None = None  # task count Slurm gave the job; None: not known (e.g. from sacct)
+    cpus: int | None = None  # CPUs allocated to the job
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -74,11 +76,20 @@ class JobInfo:
     def finished(self) -> bool:
         return not (self.pending or self.running or self.state in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
 
+    @property
+    def max_world(self) -> int | None:
+        """The most ranks this job can run: one per task (srun), or several per task
+        (torchrun: one per GPU), each needing a CPU of the allocation.  None: unknown."""
+        known = [n for n in (self.tasks, self.cpus) if n]
+        return max(known) if known else None
+
 
 class SlurmBackend(Protocol):
     def node(self, name: str) -> NodeInfo: ...
 
-    def partition_nodes(self, partition: str) -> tuple[str, ...]: ...
+    def partition_nodes(self, partition: str) -> tuple[NodeInfo, ...]:
+        """Every node of the partition with its state and reason, as Slurm has them now."""
+        ...
 
     def job(self, job_id: str) -> JobInfo | None:
         """The job, running or finished (from the accounting database); None if Slurm never heard of it."""

@@ -81,12 +81,11 @@ class CliSlurm:
                 return _node_from_json(entry)
         raise SlurmError(f"sinfo: no node {name}", transient=False)
 
-    def partition_nodes(self, partition: str) -> tuple[str, ...]:
-        out = self._run("sinfo", "--noheader", "--partition", partition, "--format", "%N")
-        nodes: list[str] = []
-        for line in out.splitlines():
-            nodes.extend(expand_hostlist(line))
-        return tuple(dict.fromkeys(nodes))
+    def partition_nodes(self, partition: str) -> tuple[NodeInfo, ...]:
+        data = self._json("sinfo", "--json", "--partition", partition)
+        # Filtered here too: the node list is what budgets are computed over.
+        nodes = (_node_from_json(e) for e in data.get("nodes", []) if partition in (e.get("partitions") or ()))
+        return tuple({n.name: n for n in nodes}.values())
 
     def job(self, job_id: str) -> JobInfo | None:
         data = self._json("squeue", "--json", "--jobs", job_id)
@@ -96,7 +95,8 @@ class CliSlurm:
         return self._job_from_sacct(job_id)
 
     def _job_from_sacct(self, job_id: str) -> JobInfo | None:
-        fields = ("JobID", "UID", "State", "Partition", "NodeList", "AdminComment")
+        # An allocation's line has no task count (NTasks is per step); NCPUS bounds its ranks.
+        fields = ("JobID", "UID", "State", "Partition", "NodeList", "NCPUS", "AdminComment")
         try:
             out = self._run("sacct", "--noheader", "--parsable2", "--allocations",
                             "--jobs", job_id, "--format", ",".join(fields))
@@ -109,7 +109,7 @@ class CliSlurm:
             if len(cols) == len(fields) and cols[0] == job_id:
                 return JobInfo(job_id=job_id, user_id=int(cols[1] or -1), state=cols[2].split()[0].upper(),
                                partition=cols[3], nodes=expand_hostlist(cols[4]),
-                               admin_comment=cols[5])
+                               cpus=int(cols[5]) if cols[5].isdigit() else None, admin_comment=cols[6])
         return None
 
     def uid_of(self, user: str) -> int | None:
@@ -170,5 +170,11 @@ def _job_from_json(entry: dict[str, Any]) -> JobInfo:
         excluded_nodes=expand_hostlist(str(entry.get("excluded_nodes") or "")),
         features=str(entry.get("features") or ""),
         admin_comment=str(entry.get("admin_comment") or ""),
+        tasks=_count(entry.get("tasks")),
+        cpus=_count(entry.get("cpus")),
         extra={"state_reason": state_reason},
     )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -49,7 +49,9 @@ class PySlurm(CliSlurm):
                        excluded_nodes=expand_hostlist(job.excluded_nodes or ""),
                        features=",".join(job.required_features or ()) if not isinstance(
                            job.required_features, str) else job.required_features,
-                       admin_comment=job.admin_comment or "")
+                       admin_comment=job.admin_comment or "",
+                       tasks=int(job.ntasks) if getattr(job, "ntasks", None) else None,
+                       cpus=int(job.cpus) if getattr(job, "cpus", None) else None)
 
     def drain(self, node: str, reason: str) -> None:
         self._call("drain", self._ps.Node(node).modify, self._ps.Node(state="DRAIN", reason=reason))

@@ -55,7 +55,8 @@ def test_kill_9_mid_incident_resumes_without_repeating(clean_cluster: SlurmClust
         for window in windows(job, ranks, range(0, 8), slow=False):
             send(clean_cluster, daemon.url, window)
         send(clean_cluster, daemon.url, [{"type": "node", "v": 1, "event": "health", "node": nodes[1],
-                                          "time": 0.0, "gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}])
+                                          "time": 0.0,
+                                          "gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}])
         for window in windows(job, ranks, range(8, 11), slow=True):
             send(clean_cluster, daemon.url, window)
         wait_until(lambda: nodes[1] in clean_cluster.drain_reasons(), "artemisd to drain the node",

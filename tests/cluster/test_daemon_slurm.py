@@ -174,7 +174,7 @@ def test_daemon_drains_and_requeues_a_real_job_on_root_evidence(clean_cluster: S
     try:
         _feed(daemon, _windows(job, ranks, range(0, 8), slow=False), 4)
         event = {"type": "node", "v": 1, "event": "health", "node": nodes[1], "time": 0.0,
-                 "gpus": [{"index": 0, "temp_c": 93, "throttle": ["hw_thermal"]}]}
+                 "gpus": [{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["hw_thermal"]}]}
         daemon.accept([(0, parse_record(event))], TRUSTED_LOCAL, {})
         _feed(daemon, _windows(job, ranks, range(8, 12), slow=True), 4)
         [inc] = [i.body for i in daemon.store.incidents()]
@@ -197,7 +197,7 @@ def test_storm_budget_holds_on_the_real_partition(clean_cluster: SlurmCluster, t
     try:
         for name in clean_cluster.node_names:
             event = {"type": "node", "v": 1, "event": "health", "node": name, "time": 0.0,
-                     "gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}
+                     "gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}
             daemon.accept([(0, parse_record(event))], TRUSTED_LOCAL, {})
         records = []
         for seq in range(12):

@@ -43,7 +43,7 @@ class MemorySlurm:
 
     def partition_nodes(self, partition):
         self._check("partition_nodes", partition)
-        return tuple(n for n, i in self.nodes.items() if partition in i.partitions)
+        return tuple(i for i in self.nodes.values() if partition in i.partitions)
 
     def job(self, job_id):
         self._check("job", job_id)

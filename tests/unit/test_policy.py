@@ -7,6 +7,7 @@ import pytest
 from artemisd import policy
 from artemisd.config import PartitionPolicy, parse_config_text
 from artemisd.incident import Cause, Evidence, Incident, IncidentKind
+from artemisd.slurm.api import NodeInfo
 
 GPU = PartitionPolicy(name="gpu", auto=("rebalance", "drain", "escalate"), approve=("requeue",))
 
@@ -49,29 +50,107 @@ def test_budget_and_cooldown_refuse_with_reasons():
     assert policy.decide("drain", GPU, target=None).mode == "recommend"
 
 
-@pytest.mark.parametrize("size,drained,hour,ok", [
+@pytest.mark.parametrize("size,held,hour,ok", [
     (20, 1, 0, True), (20, 2, 0, False),  # 0.1 x 20 = 2 nodes: the second is the last
     (20, 0, 2, False), (5, 0, 0, False),  # 0.1 x 5 rounds down to 0: never drain a tiny partition
 ])
-def test_drain_budget(size, drained, hour, ok):
+def test_drain_budget(size, held, hour, ok):
     pol = PartitionPolicy(name="p", max_drain_fraction=0.1, max_drains_per_hour=2)
-    assert policy.drain_budget(pol, size, drained, hour)[0] is ok
+    assert policy.drain_budget(pol, policy.BudgetUse(size, held, hour))[0] is ok
+
+
+def test_budget_refusals_name_the_budget_and_the_count():
+    pol = PartitionPolicy(name="p", max_drain_fraction=0.1, max_drains_per_hour=3)
+    ok, why = policy.drain_budget(pol, policy.BudgetUse(40, 0, 3))
+    assert not ok and "MaxDrainsPerHour=3 reached: 3 drains in the last hour" in why
+    ok, why = policy.drain_budget(pol, policy.BudgetUse(40, 4, 0))
+    assert not ok and "MaxDrainFraction=0.1 reached: 4 of 40 nodes" in why and "allows 4" in why
+
+
+def nodes(n: int, artemis: tuple[int, ...] = (), person: tuple[int, ...] = ()) -> tuple[NodeInfo, ...]:
+    def one(i: int) -> NodeInfo:
+        if i in artemis:
+            return NodeInfo(f"n{i}", frozenset({"IDLE", "DRAIN"}), "artemis: INC-1 gpu.thermal", ("p",))
+        if i in person:
+            return NodeInfo(f"n{i}", frozenset({"IDLE", "DRAIN"}), "PSU swap", ("p",))
+        return NodeInfo(f"n{i}", frozenset({"ALLOCATED"}), "", ("p",))
+    return tuple(one(i) for i in range(n))
+
+
+NOW = 100_000.0
+
+
+def test_budget_use_counts_waiting_in_flight_done_and_rolled_back_drains_of_the_hour():
+    drains = [policy.DrainRecord(1, "n1", "pending_approval", NOW - 7200),  # waiting: counts however old
+              policy.DrainRecord(2, "n2", "queued", NOW - 10),
+              policy.DrainRecord(3, "n3", "done", NOW - 600),  # Slurm shows n3 drained by us
+              policy.DrainRecord(4, "n4", "rolled_back", NOW - 1200),  # undone, but it happened this hour
+              policy.DrainRecord(5, "n5", "done", NOW - 3700),  # an hour and more ago
+              policy.DrainRecord(6, "n6", "done", NOW - 100),  # a person resumed n6 since
+              policy.DrainRecord(7, "x9", "queued", NOW)]  # another partition's node
+    use = policy.budget_use(nodes(40, artemis=(3, 5), person=(8,)), drains, NOW)
+    # held: n3, n5 (Slurm, artemis: reason) + n1 waiting + n2 in flight; not n6 (resumed), n8 (a person's)
+    assert use == policy.BudgetUse(40, 4, 5)  # hour: n1, n2, n3, n4, n6
+    approving = policy.budget_use(nodes(40, artemis=(3, 5)), drains, NOW, waiting=False, exclude=1)
+    assert approving == policy.BudgetUse(40, 3, 4)
+
+
+def test_a_person_s_resume_frees_the_fraction_at_once_but_not_the_hourly_rate():
+    pol = PartitionPolicy(name="p", max_drain_fraction=0.1, max_drains_per_hour=5)
+    drains = [policy.DrainRecord(i, f"n{i}", "done", NOW - 60) for i in range(4)]
+    assert not policy.drain_budget(pol, policy.budget_use(nodes(40, artemis=(0, 1, 2, 3)), drains, NOW))[0]
+    use = policy.budget_use(nodes(40, artemis=(0, 1, 2)), drains, NOW)  # n3 resumed by a person
+    assert use == policy.BudgetUse(40, 3, 4) and policy.drain_budget(pol, use)[0]
 
 
 @pytest.mark.parametrize("cause,gpu,agrees", [
-    (Cause.GPU_THERMAL, {"index": 0, "throttle": ["hw_thermal"]}, True),
-    (Cause.GPU_THERMAL, {"index": 0, "throttle": []}, False),
-    (Cause.GPU_POWER, {"index": 0, "power_limit_w": 500, "default_power_limit_w": 700}, True),
-    (Cause.GPU_CLOCKS, {"index": 0, "sm_clock_mhz": 1200, "max_sm_clock_mhz": 1980}, True),
-    (Cause.GPU_CLOCKS, {"index": 0, "sm_clock_mhz": 1950, "max_sm_clock_mhz": 1980}, False),
+    (Cause.GPU_THERMAL, {"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}, True),
+    (Cause.GPU_THERMAL, {"index": 0, "util_pct": 97, "throttle": []}, False),
+    (Cause.GPU_POWER, {"index": 0, "util_pct": 97, "power_limit_w": 500, "default_power_limit_w": 700}, True),
+    (Cause.GPU_CLOCKS, {"index": 0, "util_pct": 97, "sm_clock_mhz": 1200, "max_sm_clock_mhz": 1980}, True),
+    (Cause.GPU_CLOCKS, {"index": 0, "util_pct": 97, "sm_clock_mhz": 1950, "max_sm_clock_mhz": 1980}, False),
 ])
 def test_root_side_corroboration_must_show_the_cause(cause, gpu, agrees):
     ok, why = policy.corroborated(incident(cause), {"gpus": [gpu]}, 10.0, 900.0, "root", 0.04)
     assert ok is agrees, why
 
 
+@pytest.mark.parametrize("gpu,why", [
+    # What every idle GPU reports: clocks far below max, reason idle, no utilization.
+    ({"index": 0, "util_pct": 0, "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "throttle": ["idle"]},
+     "throttle reason idle"),
+    ({"index": 0, "util_pct": 3, "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "throttle": []}, "utilization 3 %"),
+    ({"index": 0, "util_pct": 49.9, "sm_clock_mhz": 1200, "max_sm_clock_mhz": 1980}, "utilization 49.9 %"),
+    ({"index": 0, "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "throttle": []}, "utilization not measured"),
+    ({"index": 0, "util_pct": 97, "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "throttle": ["idle"]},
+     "throttle reason idle"),
+])
+def test_idle_readings_never_corroborate(gpu, why):
+    ok, text = policy.corroborated(incident(Cause.GPU_CLOCKS), {"gpus": [gpu]}, 10.0, 900.0, "root", 0.04)
+    assert not ok and "under load" in text and why in text, text
+    hot_idle = dict(gpu, throttle=[*gpu.get("throttle", []), "hw_thermal"])
+    assert not policy.corroborated(incident(Cause.GPU_THERMAL), {"gpus": [hot_idle]}, 10.0, 900.0, "root", 0.04)[0]
+
+
+def test_the_rank_s_own_gpu_must_show_it_under_load():
+    event = {"gpus": [{"index": 0, "util_pct": 0, "sm_clock_mhz": 300, "max_sm_clock_mhz": 1980, "throttle": ["idle"]},
+                      {"index": 1, "util_pct": 96, "sm_clock_mhz": 1300, "max_sm_clock_mhz": 1980}]}
+    assert policy.corroborated(incident(Cause.GPU_CLOCKS), event, 1.0, 900.0, "root", 0.04, gpu=1)[0]
+    assert not policy.corroborated(incident(Cause.GPU_CLOCKS), event, 1.0, 900.0, "root", 0.04, gpu=0)[0]
+
+
+def test_evidence_age_is_since_it_was_measured_or_received_whichever_is_older():
+    assert policy.evidence_age(1000.0, {"time": 400.0}, 1100.0) == 700.0  # sent late: measured long ago
+    assert policy.evidence_age(1000.0, {"time": 1050.0}, 1100.0) == 100.0  # a node clock ahead: receipt
+    assert policy.evidence_age(1000.0, {}, 1100.0) == 100.0
+    event = {"time": 100.0, "gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}
+    ok, why = policy.corroborated(incident(Cause.GPU_THERMAL), event, policy.evidence_age(1000.0, event, 1001.0),
+                                  900.0, "root", 0.04)
+    assert not ok and "901 s old (EvidenceMaxAge=900)" in why
+
+
 def test_stale_or_missing_root_evidence_does_not_count():
-    event = {"gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}
+    event = {"gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}
     assert not policy.corroborated(incident(Cause.GPU_THERMAL), event, 1000.0, 900.0, "root", 0.04)[0]
     ok, why = policy.corroborated(incident(Cause.GPU_THERMAL), None, None, 900.0, "root", 0.04)
     assert not ok and "no root-side" in why

@@ -80,6 +80,7 @@ class Harness:
 
     def __init__(self, tmp: Path, conf: str, slurm: MemorySlurm, clock: Clock):
         text = f"StateDir={tmp}\nAuthType=none\nVerifyWindows=2\nRetryBackoff=10\n{conf}"
+        self.config_text = text
         self.config = parse_config_text(text)
         self.daemon = Daemon(self.config, slurm, clock=clock)
         self.slurm = slurm
@@ -124,7 +125,7 @@ async def hot_gpu_confirmed(h: Harness, slow_windows: range = range(8, 12), evid
     """Eight healthy windows, a root-side node check seeing the hot GPU on n1, then rank 2 slows down."""
     await h.windows(range(0, 8), HEALTHY)
     if evidence:
-        await h.node_event("n1", gpus=[{"index": 0, "temp_c": 93, "throttle": ["sw_thermal"]}])
+        await h.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
     await h.windows(slow_windows, SLOW_BUSY, gpu=HOT)
 
 
@@ -238,7 +239,7 @@ def test_storm_never_drains_more_than_the_budget(tmp_path):
             nodes = {j: [f"n{2 * j}"] * 2 + [f"n{2 * j + 1}"] * 2 for j in range(8)}
             hot = {3: {"temp_c": 95, "throttle": ["hw_thermal"]}}
             for j in range(8):
-                await h.node_event(f"n{2 * j + 1}", gpus=[{"index": 1, "throttle": ["hw_thermal"]}])
+                await h.node_event(f"n{2 * j + 1}", gpus=[{"index": 1, "util_pct": 97, "throttle": ["hw_thermal"]}])
             for seq in range(12):
                 h.clock.now += 10
                 for j in range(8):
@@ -281,7 +282,7 @@ def test_dry_run_and_kill_switch_change_nothing_in_slurm(tmp_path, switch):
         conf = f"{switch}\nPartitionPolicy=gpu Auto=drain,requeue,escalate,rebalance MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "throttle": ["sw_thermal"]}])
+            await h.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "throttle": ["sw_thermal"]}])
             replies = await h.windows(range(8, 14), SLOW_BUSY, gpu=HOT)
             writes = [c for c in h.slurm.calls if c[0] not in ("job", "node", "partition_nodes")]
             assert writes == []
@@ -493,8 +494,8 @@ def test_failed_correction_falls_back_to_the_next_rung(tmp_path):
         conf = "PartitionPolicy=gpu Auto=correct,drain,requeue,escalate MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "sm_clock_mhz": 1300, "max_sm_clock_mhz": 1980,
-                                            "throttle": ["applications_clocks"]}])
+            await h.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "sm_clock_mhz": 1300,
+                                            "max_sm_clock_mhz": 1980, "throttle": ["applications_clocks"]}])
             await h.windows(range(8, 11), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
             resp = await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}",
@@ -514,7 +515,8 @@ def test_each_rung_is_tried_once_then_a_person_is_told(tmp_path):
         conf = "PartitionPolicy=gpu Auto=drain,requeue,escalate Approve= MaxDrainFraction=0.5\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
-            await h.node_event("n1", gpus=[{"index": 0, "sm_clock_mhz": 1300, "max_sm_clock_mhz": 1980}])
+            await h.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "sm_clock_mhz": 1300,
+                                            "max_sm_clock_mhz": 1980}])
             await h.windows(range(8, 11), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [inc] = await h.incidents()
             assert inc["action"]["kind"] == "drain" and inc["state"] == "verifying"

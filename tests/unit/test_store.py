@@ -50,9 +50,13 @@ def test_incident_round_trip_and_action_intent(tmp_path):
     aid = store.add_action("INC-3", "drain", "n2", {"node": "n2"}, "queued", now=10.0)
     store.update_action(aid, "running", attempt=True)
     assert [a.id for a in store.due_actions(now=10.0)] == [aid]  # open intent is re-run after a crash
-    assert store.drained_nodes() == {"n2"}
+    assert store.drain_actions() == [(aid, "n2", "running", 10.0)]
     store.update_action(aid, "rolled_back", "undrain queued")
-    assert store.drained_nodes() == set()
+    later = store.add_action("INC-3", "drain", "n4", {"node": "n4", "approved_at": 50.0}, "pending_approval", now=20.0)
+    denied = store.add_action("INC-3", "drain", "n5", {"node": "n5"}, "queued", now=30.0)
+    store.update_action(denied, "denied")
+    # Budgets count rolled-back drains; an approved one from when it was approved; a denied one never.
+    assert store.drain_actions() == [(aid, "n2", "rolled_back", 10.0), (later, "n4", "pending_approval", 50.0)]
 
 
 def test_incident_queries_filter_in_sql(tmp_path):
