@@ -45,9 +45,9 @@ def post(url: str, path: str, body: bytes, cred: str | None) -> tuple[int, dict]
         return err.code, json.loads(err.read())
 
 
-def reports(job: str, seq: int = 0) -> bytes:
+def reports(job: str, seq: int = 0, node: str = "n1") -> bytes:
     return json.dumps([r.model_dump(mode="json", exclude_none=True)
-                       for r in lockstep(seq, [50.0] * 2, job=job, nodes=["n1", "n1"])]).encode()
+                       for r in lockstep(seq, [50.0] * 2, job=job, nodes=[node, node])]).encode()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def jobs(slurm_cluster: SlurmCluster):
     """One job of root's and one of nobody's, both running."""
     root_job = slurm_cluster.sbatch("#!/bin/sh\nsleep 300\n", "-o", "/dev/null", "-N", "1")
     user_job = slurm_cluster.sbatch("#!/bin/sh\nsleep 300\n", "-o", "/dev/null", "--chdir=/tmp",
-                                    f"--uid={NOBODY.pw_uid}", f"--gid={NOBODY.pw_gid}", "-N", "1")
+                                    f"--uid={NOBODY.pw_uid}", f"--gid={NOBODY.pw_gid}", "-N", "1", "-n", "2")
     for job in (root_job, user_job):
         slurm_cluster.wait_job(job, ("RUNNING",), timeout_s=60)
     yield root_job, user_job
@@ -97,7 +97,8 @@ def test_missing_or_forged_credential_is_rejected(artemisd, jobs, cred):
 
 def test_a_user_reports_only_for_their_own_job(artemisd, slurm_cluster, jobs):
     root_job, user_job = jobs
-    mine = json.loads(reports(user_job, seq=0))
+    [node] = slurm_cluster.cmd("scontrol", "show", "hostnames", slurm_cluster.job(user_job)["NodeList"]).stdout.split()
+    mine = json.loads(reports(user_job, seq=0, node=node))
     theirs = json.loads(reports(root_job, seq=5))
     event = [{"type": "node", "v": 1, "event": "health", "node": "n1", "time": 0.0,
               "gpus": [{"index": 0, "throttle": ["hw_thermal"]}]}]

@@ -19,6 +19,7 @@ import pytest
 
 from tests.unit.windows import lockstep
 
+from . import faults
 from .artemis import ArtemisDaemon
 from .procs import wait_until
 from .slurm import SlurmCluster
@@ -50,33 +51,37 @@ def test_kill_9_mid_incident_resumes_without_repeating(clean_cluster: SlurmClust
     clean_cluster.wait_job(job, ("RUNNING",), timeout_s=60)
     nodes = clean_cluster.cmd("scontrol", "show", "hostnames", clean_cluster.job(job)["NodeList"]).stdout.split()
     ranks = [nodes[r // 2] for r in range(4)]
-    ArtemisDaemon(clean_cluster, POLICY).wipe_state()  # other tests' daemons share the directory
-    with ArtemisDaemon(clean_cluster, POLICY) as daemon:
-        for window in windows(job, ranks, range(0, 8), slow=False):
-            send(clean_cluster, daemon.url, window)
-        send(clean_cluster, daemon.url, [{"type": "node", "v": 1, "event": "health", "node": nodes[1],
-                                          "time": 0.0,
-                                          "gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}])
-        for window in windows(job, ranks, range(8, 11), slow=True):
-            send(clean_cluster, daemon.url, window)
-        wait_until(lambda: nodes[1] in clean_cluster.drain_reasons(), "artemisd to drain the node",
-                   timeout_s=60, daemon=daemon.daemon)
-        wait_until(lambda: nodes[1] in clean_cluster.job(job).get("ExcNodeList", ""),
-                   "the job requeued excluding the node", timeout_s=60, daemon=daemon.daemon)
-        [before] = daemon.incidents(job=job)
-        reason = clean_cluster.drain_reasons()[nodes[1]]
-        daemon.daemon.proc.send_signal(signal.SIGKILL)
-        daemon.daemon.proc.wait(timeout=10)
-        daemon.daemon = None
-    with ArtemisDaemon(clean_cluster, POLICY) as daemon:
-        [after] = daemon.incidents(job=job)
-        assert after["id"] == before["id"] and after["cause"] == before["cause"]
-        assert after["state"] in ("verifying", "escalated", "unresolved", "resolved")
-        # The old run's last reports trickle in after the restart: the same subject, no new incident.
-        for window in windows(job, ranks, range(11, 13), slow=True):
-            send(clean_cluster, daemon.url, window)
-        shown = daemon.get(f"/v1/incidents/{after['id']}")
-        drains = [a for a in shown["actions"] if a["kind"] == "drain"]
-        assert len(drains) == 1 and drains[0]["status"] in ("done", "rolled_back")
-        assert [i["id"] for i in daemon.incidents(job=job, everything=True)] == [before["id"]]
-        assert clean_cluster.drain_reasons().get(nodes[1], reason) == reason
+    # The cluster's node check reports every few seconds as root: it must see the hot GPU too,
+    # or its healthy report replaces the evidence sent below before the daemon decides.
+    faults.write_healthy_gpus(clean_cluster)
+    with faults.EmulatedGpuFault(clean_cluster, nodes[1], "thermal", cpu_fraction=1.0):
+        ArtemisDaemon(clean_cluster, POLICY).wipe_state()  # other tests' daemons share the directory
+        with ArtemisDaemon(clean_cluster, POLICY) as daemon:
+            for window in windows(job, ranks, range(0, 8), slow=False):
+                send(clean_cluster, daemon.url, window)
+            send(clean_cluster, daemon.url, [{"type": "node", "v": 1, "event": "health", "node": nodes[1],
+                                              "time": 0.0,
+                                              "gpus": [{"index": 0, "util_pct": 97, "throttle": ["hw_thermal"]}]}])
+            for window in windows(job, ranks, range(8, 11), slow=True):
+                send(clean_cluster, daemon.url, window)
+            wait_until(lambda: nodes[1] in clean_cluster.drain_reasons(), "artemisd to drain the node",
+                       timeout_s=60, daemon=daemon.daemon)
+            wait_until(lambda: nodes[1] in clean_cluster.job(job).get("ExcNodeList", ""),
+                       "the job requeued excluding the node", timeout_s=60, daemon=daemon.daemon)
+            [before] = daemon.incidents(job=job)
+            reason = clean_cluster.drain_reasons()[nodes[1]]
+            daemon.daemon.proc.send_signal(signal.SIGKILL)
+            daemon.daemon.proc.wait(timeout=10)
+            daemon.daemon = None
+        with ArtemisDaemon(clean_cluster, POLICY) as daemon:
+            [after] = daemon.incidents(job=job)
+            assert after["id"] == before["id"] and after["cause"] == before["cause"]
+            assert after["state"] in ("verifying", "escalated", "unresolved", "resolved")
+            # The old run's last reports trickle in after the restart: the same subject, no new incident.
+            for window in windows(job, ranks, range(11, 13), slow=True):
+                send(clean_cluster, daemon.url, window)
+            shown = daemon.get(f"/v1/incidents/{after['id']}")
+            drains = [a for a in shown["actions"] if a["kind"] == "drain"]
+            assert len(drains) == 1 and drains[0]["status"] in ("done", "rolled_back")
+            assert [i["id"] for i in daemon.incidents(job=job, everything=True)] == [before["id"]]
+            assert clean_cluster.drain_reasons().get(nodes[1], reason) == reason

@@ -49,12 +49,13 @@ def job_nodes(cluster: SlurmCluster, job: str) -> list[str]:
 
 def test_backend_reads_nodes_jobs_and_partitions(clean_cluster: SlurmCluster):
     slurm = backend(clean_cluster)
-    assert slurm.partition_nodes("main") == tuple(clean_cluster.node_names)
+    assert [n.name for n in slurm.partition_nodes("main")] == clean_cluster.node_names
     node = slurm.node("n1")
     assert not node.drained and node.partitions == ("main",)
     job = submit(clean_cluster, "-N", "1", "--requeue")
     info = slurm.job(job)
     assert info.user_id == 0 and info.running and info.batch and info.requeue and info.partition == "main"
+    assert info.tasks == 1 and info.cpus == 1 and info.max_world == 1
     assert slurm.job("999999") is None
 
 
