@@ -79,10 +79,10 @@ def test_a_user_cannot_get_a_node_outside_their_job_acted_on(clean_cluster: Slur
             assert reply["rejected"] == [{"index": 3, "error": f"node: {outside} is not in job {job}'s "
                                                                 f"allocation {allocation}"}]
         big = dumped(lockstep(12, [50.0] * 4, job=job, nodes=ranks[:3] + [mine[1]]))
-        big[0]["world"] = 5_000_000
+        big[0]["world"] = 1000  # within MaxWorld: beyond it is refused before Slurm is asked
         reply = send(clean_cluster, artemisd, big, NOBODY)
         assert reply["accepted"] == 3 and reply["rejected"] == [
-            {"index": 0, "error": f"world: 5000000 is more ranks than job {job} can run (4 tasks, 4 CPUs in Slurm)"}]
+            {"index": 0, "error": f"world: 1000 is more ranks than job {job} can run (4 tasks, 4 CPUs in Slurm)"}]
         time.sleep(3 * TICK_S)  # a few loop turns: nothing about the outside node, in Artemis or in Slurm
         assert not [i for i in artemisd.incidents(everything=True) if i.get("node") == outside]
         assert state(artemisd, "SELECT COUNT(*) FROM corrections WHERE node = ?", outside) == 0
