@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from artemisd.auth import TRUSTED_LOCAL, Principal
+from artemisd.auth import TRUSTED_LOCAL, Credential, Principal
 from artemisd.config import parse_config_text
 from artemisd.incident import Incident
 from artemisd.server import make_app
@@ -31,8 +31,8 @@ ON_N1_N2 = ["n1", "n1", "n2", "n2"]
 class HeaderAuth:
     """``Authorization: user`` is job owner uid 1000; anything else is root-side."""
 
-    async def authenticate(self, header: str | None, payload: bytes) -> Principal:
-        return USER if header == "user" else TRUSTED_LOCAL
+    async def check(self, header: str | None) -> Credential:
+        return Credential(USER if header == "user" else TRUSTED_LOCAL, None)
 
 
 class UserHarness(Harness):
