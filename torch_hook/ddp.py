@@ -18,6 +18,7 @@ recorded there completes with it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -25,23 +26,59 @@ import torch
 from torch_hook.clock import elapsed_ms, mark_for
 
 
+class _Completed:
+    """A bucket's ``Future.then`` callback that counts its own release.
+
+    The thread that completes the all-reduce (a gloo worker) runs the callback
+    and afterwards drops it, taking the GIL to do so -- possibly after the
+    training thread has moved on.  If the interpreter is finalizing by then,
+    that thread is ended inside C++ and the process aborts ("terminate called
+    without an active exception").  ``DdpTracker.settle`` waits at exit until
+    every callback has been released.
+    """
+
+    __slots__ = ("tracker", "marks", "buffer")
+
+    def __init__(self, tracker: DdpTracker, marks: list[Any], buffer: torch.Tensor):
+        self.tracker, self.marks, self.buffer = tracker, marks, buffer
+        tracker.created += 1
+
+    def __call__(self, done: torch.futures.Future) -> Any:
+        try:
+            self.marks[1] = mark_for(self.buffer)
+        except Exception:  # noqa: BLE001 -- never fail the gradient sync
+            pass
+        return done.value()  # re-raises a failed all-reduce to DDP unchanged
+
+    def __del__(self) -> None:
+        self.tracker.released += 1
+
+
 class DdpTracker:
     def __init__(self) -> None:
         self._buckets: list[tuple[str, str, float, list[Any]]] = []
+        self.created = 0
+        self.released = 0
 
     def bucket(self, op: str, group: str, nbytes: float, launch: Any, buffer: torch.Tensor,
                fut: torch.futures.Future) -> torch.futures.Future:
         marks: list[Any] = [launch, None]
         self._buckets.append((op, group, nbytes, marks))
+        return fut.then(_Completed(self, marks, buffer))
 
-        def completed(done: torch.futures.Future) -> Any:
-            try:
-                marks[1] = mark_for(buffer)
-            except Exception:  # noqa: BLE001 -- never fail the gradient sync
-                pass
-            return done.value()  # re-raises a failed all-reduce to DDP unchanged
+    def settle(self, timeout_s: float) -> bool:
+        """Wait (sleeping, so the GIL is free) until the workers released every bucket callback.
 
-        return fut.then(completed)
+        The hook's own ``then`` callback (torch's ``allreduce_hook``) is dropped
+        right after ours on the same worker thread, so a short grace follows.
+        """
+        if not self.created:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while self.released < self.created and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.01)
+        return self.released >= self.created
 
     def end_step(self, recorder: Any, hooked: set[str] | frozenset[str] = frozenset()) -> None:
         """The step's buckets into ``recorder``; on a ``hooked`` group (NCCL completion

@@ -50,6 +50,9 @@ SUPPORTED_TORCH = ((2, 4), (2, 13))
 # How long shutdown waits for the probe's own pending collective (the last
 # boundary agreement) before the group goes away.
 _QUIESCE_WAIT_S = 10.0
+# How long exit waits for gloo's workers to release DDP bucket callbacks
+# (microseconds in practice; bounded so a wedged group cannot hold exit).
+_SETTLE_S = 2.0
 
 _CONFIG_PREFIXES = ("NCCL_", "RCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "UCX_", "FI_", "HSA_", "MIOPEN_")
 _CONFIG_NAMES = ("OMP_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")
@@ -172,6 +175,8 @@ class Probe:
                 finally:
                     _local.inside = False
             self.completion.close(None if world and group is None else group)
+            if world and not self.ddp.settle(_SETTLE_S):
+                self._fail("shutdown", RuntimeError("DDP bucket callbacks still held by the process group"))
             if world:
                 self._control = None
                 self._meta = None

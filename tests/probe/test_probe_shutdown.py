@@ -28,7 +28,7 @@ def test_four_rank_jobs_always_exit_cleanly(tmp_path):
         # steps = W + 1: the first boundary only starts the clock, the last closes window 0.
         results = run_job({"out": str(out), "steps": 6, "width": 32, "samples": 256,
                            "finish": FINISH[run % len(FINISH)]},
-                          world=4, timeout_s=120,
+                          world=4, timeout_s=240,
                           env={"ARTEMIS_ENDPOINT": f"file:{out / 'trace.jsonl'}", "ARTEMIS_WINDOW_STEPS": "5"})
         for res in results:
             assert res["stats"]["windows"] == 1 and res["stats"]["errors"] == 0, (run, res["stats"])

@@ -142,3 +142,25 @@ def test_wrappers_leave_calls_and_time_to_the_hook_on_a_hooked_group():
     finally:
         torch_hook.uninstall()
         dist.destroy_process_group()
+
+
+def test_exit_waits_until_workers_released_ddp_bucket_callbacks():
+    """The bucket callbacks gloo's worker runs are all released before quiesce returns."""
+    import torch_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch_hook.config import ProbeConfig
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert torch_hook.install(ProbeConfig(endpoint=None, job="exit", job_step="0", node="n0"))
+        probe = torch_hook._probe
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), bucket_cap_mb=1e-4)
+        for _ in range(3):
+            model(torch.ones(2, 8)).sum().backward()
+        assert probe.ddp.created >= 3
+        probe.quiesce()
+        assert probe.ddp.released == probe.ddp.created
+        assert probe.error_count == 0, probe.last_error
+    finally:
+        torch_hook.uninstall()
+        dist.destroy_process_group()
