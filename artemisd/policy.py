@@ -25,10 +25,16 @@ For each rung ``decide`` answers one of:
 
 Hard actions (drain, requeue) need corroboration a job owner cannot fake
 (``corroborated``): telemetry from a node event sent with root or SlurmUser
-credentials, or — with ``HardActionEvidence=root_or_probe`` — the matched probe
+credentials showing the fault on a GPU under load (an idle GPU's low clocks
+prove nothing), at most EvidenceMaxAge old, or — with ``HardActionEvidence=root_or_probe`` — the matched probe
 agreeing.  A link also needs two matched probes that agree on it: root-side
 retransmits are counted by the senders, so they never say whose link it is.  Probe results travel in the job's own reports, so trusting them
 means trusting the job's owner; the default is ``root``.
+
+Drain budgets (``budget_use``, ``drain_budget``) count what Slurm shows
+drained by Artemis plus our drains in flight or waiting for approval
+(MaxDrainFraction), and every drain waiting, in flight, done or rolled back
+in the last hour (MaxDrainsPerHour).
 """
 
 from __future__ import annotations
