@@ -457,7 +457,7 @@ class Probe:
         s = self.sender
         return {"steps": self.recorder.step, "windows": self.recorder.seq, "errors": self.error_count,
                 "hook_errors": self.instrumentation.errors, "hook_error": self.instrumentation.last_error, "last_error": self.last_error,
-                "sent": s.sent, "dropped": s.dropped, "bad_replies": s.bad_replies,
+                "sent": s.sent, "dropped": s.dropped, "deferred": s.deferred, "bad_replies": s.bad_replies,
                 "unauthenticated": s.unauthenticated, "sender_error": s.last_error,
                 "sync_ms": list(self.sync_ms), "probes": list(self.probes_run),
                 "shares": self.work_shares()}
