@@ -492,15 +492,24 @@ class Daemon:
         if failed:
             self.store.quarantine(failed, now)
             self.metrics.quarantined.inc(len(failed))
-        self._issue_probes(now)
-        self._prune(analysed)
-        if principal.root_side:
-            self._forget_ended(analysed)
         result.accepted = len(analysed)
         self.metrics.reports.labels("accepted").inc(len(analysed))
         self.metrics.reports.labels("rejected").inc(len(result.rejected))
+        # The records are stored and analysed: what follows is the batch's
+        # bookkeeping, and its failure must not turn their acceptance into a 5xx.
+        for stage, step_fn in (("issuing probes for", lambda: self._issue_probes(now)),
+                               ("pruning the history of", lambda: self._prune(analysed)),
+                               ("forgetting the ended jobs of", lambda: principal.root_side
+                                and self._forget_ended(analysed))):
+            try:
+                step_fn()
+            except Exception as err:  # noqa: BLE001 - logged once per kind; the reply stands
+                self._unforeseen(stage, err)
         for job, step in sorted(steps):
-            result.directives.extend(self.store.directives_for(job, step, now))
+            try:
+                result.directives.extend(self.store.directives_for(job, step, now))
+            except Exception as err:  # noqa: BLE001 - no directives for that step this time
+                self._unforeseen("reading the directives of", err)
         return result
 
     def _store_rows(self, rows: list[tuple], kept: list[tuple[int, WindowReport | NodeEvent]],

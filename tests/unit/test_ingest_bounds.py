@@ -241,9 +241,18 @@ def test_a_record_that_fails_analysis_is_refused_alone_and_quarantined(tmp_path)
             assert srv.daemon.store.quarantined() == 2 and srv.daemon.store.record_count() == 6
             metrics = await (await srv.client.get("/metrics")).text()
             assert 'artemis_item_failures_total{stage="analysing"} 2.0' in metrics
+
+            # The batch's bookkeeping after analysis fails: the records stay accepted, no 5xx.
+            def broken(now):
+                raise KeyError("injected")
+            srv.daemon.analyzer.ingest, srv.daemon._issue_probes = real, broken
+            status, reply = await srv.post(json.dumps(good(2)).encode())
+            assert status == 200 and reply["accepted"] == 4 and reply["rejected"] == []
+            metrics = await (await srv.client.get("/metrics")).text()
+            assert 'artemis_item_failures_total{stage="issuing probes for"} 1.0' in metrics
         restarted = Daemon(srv.daemon.config, srv.slurm)
         try:
-            assert restarted.restore_skipped == 0 and restarted.store.record_count() == 6
+            assert restarted.restore_skipped == 0 and restarted.store.record_count() == 10
         finally:
             restarted.store.close()
     asyncio.run(scenario())
