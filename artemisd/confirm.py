@@ -217,16 +217,16 @@ def judge_probe(
 def agree_on_link(judgements: list[ProbeJudgement]) -> ProbeJudgement:
     """Several matched probes of one job-wide slowdown, taken together.
 
-    A link is named only when at least two probes name the same node and none
-    names another or finds no link: one probe's ring timings on a shared
-    network are one noisy measurement.  Otherwise the verdict is incomplete,
-    with every probe's evidence and a ``missing`` line saying what would name
-    the link.
+    A link is named only when the latest two probes name the same node: one
+    probe's ring timings on a shared network are one noisy measurement, and a
+    probe asked for when the slowdown was first flagged may have run before
+    the fault did.  Otherwise the verdict is incomplete, with every probe's
+    evidence and a ``missing`` line saying what would name the link.
     """
     named = [j.node if j.verdict is ProbeVerdict.LINK else None for j in judgements]
     evidence = tuple(e for j in judgements for e in j.evidence)
-    if len(named) >= 2 and named[0] is not None and all(n == named[0] for n in named):
-        return ProbeJudgement(ProbeVerdict.LINK, evidence, node=named[0])
+    if len(named) >= 2 and named[-1] is not None and named[-2] == named[-1]:
+        return ProbeJudgement(ProbeVerdict.LINK, evidence, node=named[-1])
     if len(named) < 2:
         what = (f"a second matched probe that names {named[0]}'s link too" if named and named[0]
                 else "a matched probe that names one link")

@@ -43,6 +43,7 @@ from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
+MAX_LINK_PROBES = 3  # matched probes asked about one job-wide slowdown's link before a person is told
 LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer arrives
 # Per-job state is bounded whatever the reports say: windows waiting for
 # reports (a job normally has LATE_WINDOWS + 1), job steps analysed at once
@@ -592,10 +593,14 @@ class Analyzer:
             # A job-wide slowdown: a link is named only when two probes agree on it.
             watched.judgements.append(judgement)
             watched.probe = agree_on_link(watched.judgements)
-            if len(watched.judgements) == 1 and judgement.verdict is ProbeVerdict.LINK and self.active_probe:
+            if (judgement.verdict is ProbeVerdict.LINK and watched.probe.verdict is not ProbeVerdict.LINK
+                    and len(watched.judgements) < MAX_LINK_PROBES and self.active_probe):
+                # One probe is one noisy measurement (and the first may have run
+                # before the fault did): ask again until two in a row agree.
+                named = ", ".join(j.node or "no link" for j in watched.judgements)
                 self._request_probe(state, watched, frame, np.array([], dtype=int),
-                                    reason=f"a second matched probe to confirm {judgement.node}'s link "
-                                           f"(window {frame.seq})")
+                                    reason=f"another matched probe to confirm {judgement.node}'s link "
+                                           f"(probes so far named {named}; window {frame.seq})")
             if incident.state is IncidentState.SUSPECT:
                 continue  # the verdicts are used when the incident is confirmed
             if incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK:

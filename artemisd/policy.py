@@ -262,19 +262,20 @@ def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
 
 
 def _probes_agree_on_link(incident: Incident, slowdown: float) -> tuple[int, str | None]:
-    """How many matched probes time the incident's link slow, and the first that names another node."""
+    """How many of the latest matched probes in a row time the incident's link slow, and,
+    if the latest names another node, that probe's note."""
     node = incident.link or incident.node
     agreeing, other = 0, None
-    for item in incident.evidence:
+    for item in reversed(incident.evidence):
         if item.signal != "probe.p2p_ms":
             continue
         if not (isinstance(item.value, int | float) and isinstance(item.peers, int | float) and item.peers > 0
                 and item.value / item.peers >= 1.0 + slowdown):
             continue
-        if f"touching {node} " in item.note:
-            agreeing += 1
-        elif other is None:
-            other = item.note
+        if f"touching {node} " not in item.note:
+            other = item.note if agreeing == 0 else None
+            break
+        agreeing += 1
     return agreeing, other
 
 
@@ -291,7 +292,7 @@ def _link_corroborated(incident: Incident, node_event: dict[str, Any] | None, ag
     node = incident.link or incident.node
     agreeing, other = _probes_agree_on_link(incident, slowdown)
     if other is not None:
-        return False, f"matched probes disagree on the link: {other}"
+        return False, f"the latest matched probe names another link: {other}"
     if agreeing < 2:
         return False, (f"a link needs two matched probes that agree on it; {agreeing} timed {node}'s link slow")
     if mode == "root_or_probe":

@@ -182,7 +182,11 @@ def test_link_needs_two_agreeing_probes_and_root_side_trouble_and_software_cause
     assert policy.corroborated(two, None, None, 900.0, "root_or_probe", 0.04)[0]
     split = one.model_copy(update={"evidence": [_p2p("n3"), _p2p("n3"), _p2p("n1")]})
     ok, why = policy.corroborated(split, trouble, 1.0, 900.0, "root_or_probe", 0.04)
-    assert not ok and "disagree" in why and "n1" in why
+    assert not ok and "another link" in why and "n1" in why
+    # An earlier probe (taken before the fault, say) that named another node is outvoted
+    # by the latest two in a row.
+    outvoted = one.model_copy(update={"evidence": [_p2p("n1"), _p2p("n3"), _p2p("n3")]})
+    assert policy.corroborated(outvoted, None, None, 900.0, "root_or_probe", 0.04)[0]
     # A link incident that carries only its link acts on the node whose link it is.
     only_link = two.model_copy(update={"node": None})
     assert policy.corroborated(only_link, None, None, 900.0, "root_or_probe", 0.04)[0]
