@@ -5,6 +5,12 @@
   are timed around the call, asynchronous ones counted at issue and timed in
   ``Work.wait()``.
 * ``Work.wait`` on the pybind ``Work`` class.
+* Functional collectives (``torch.distributed._functional_collectives``,
+  what DTensor and tensor parallel use): counted at issue, timed at
+  ``wait_tensor``; under ``torch.compile`` every wrapper steps aside so Dynamo
+  traces torch's own functions.
+* ``P2POp`` / ``_check_op``: P2POps always hold c10d's own ``isend``/``irecv``.
+* ``destroy_process_group``: the probe's own work on the group is finished first.
 * ``DataLoader`` iterators' ``__next__``: data time and batch size.
 * DDP: ``DistributedDataParallel.__init__`` gets a one-shot forward pre-hook
   that, at the first forward, registers a timing wrapper around the default
@@ -18,7 +24,10 @@
 
 Every wrapper body that belongs to the probe is guarded: an exception in the
 probe's own code is counted and swallowed; exceptions of the wrapped call
-itself propagate unchanged.  ``uninstall()`` restores every original.
+itself propagate unchanged.  Every wrapper keeps the original's signature
+(``functools.wraps``; methods take ``self`` positional-only, so keyword
+arguments such as ``module=`` reach the original).  ``uninstall()`` restores
+every original.
 """
 
 from __future__ import annotations
