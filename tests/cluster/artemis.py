@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import urllib.request
+from collections.abc import Callable
 from email import message_from_bytes
 from email.message import Message
 from pathlib import Path
@@ -122,6 +123,30 @@ class ArtemisDaemon:
             return int(db.execute("SELECT COUNT(*) FROM records WHERE job = ?", (job,)).fetchone()[0])
         finally:
             db.close()
+
+    def node_evidence(self, node: str) -> tuple[float, dict[str, Any]] | None:
+        """(received, body) of the latest root-side node event the daemon keeps for ``node``."""
+        db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            row = db.execute("SELECT received, body FROM node_evidence WHERE node = ?", (node,)).fetchone()
+        finally:
+            db.close()
+        return (row[0], json.loads(row[1])) if row else None
+
+    def wait_node_check(self, node: str, shows: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> None:
+        """Until the cluster's own node check on ``node`` (its events carry GPU uuids) reports what ``shows``.
+
+        The node check runs every few seconds as root; a run that read the GPU
+        before a fault was injected can still arrive after it, replacing any
+        evidence sent by hand.  Once a run that saw the fault is in, every later
+        one sees it too.
+        """
+        def seen() -> bool:
+            latest = self.node_evidence(node)
+            gpus = (latest[1].get("gpus") or []) if latest else []
+            return bool(gpus) and all(g.get("uuid") for g in gpus) and shows(latest[1])
+        wait_until(seen, f"the node check on {node} to report the fault", timeout_s=timeout_s, interval_s=0.25,
+                   daemon=self.daemon)
 
     def incidents(self, job: str | None = None, everything: bool = False) -> list[dict[str, Any]]:
         """``artemis incidents --json`` (the CLI), one incident per line."""

@@ -102,19 +102,26 @@ def state(daemon: ArtemisDaemon, sql: str, *args: str) -> int:
         db.close()
 
 
-def hot_job(cluster: SlurmCluster, daemon: ArtemisDaemon, node: str, hot: ExitStack) -> str:
-    """A root job on ``node`` whose rank 2 runs hot under load, root-side evidence included; its incident id.
+def runs_hot(event: dict) -> bool:
+    return any("hw_thermal" in (g.get("throttle") or []) and (g.get("util_pct") or 0) >= 50
+               for g in event.get("gpus") or [])
 
-    The node's emulated GPU runs hot (until ``hot`` closes), so the cluster's
-    periodic node check reports the same as the event sent here.
+
+def hot_job(cluster: SlurmCluster, daemon: ArtemisDaemon, node: str, hot: ExitStack) -> str:
+    """A root job on ``node`` whose rank 2 runs hot under load; its incident id.
+
+    The node's emulated GPU runs hot (until ``hot`` closes): the root-side
+    evidence is the cluster's own node check seeing it.
     """
     hot.enter_context(faults.EmulatedGpuFault(cluster, node, "thermal", cpu_fraction=1.0))
     job = cluster.sbatch("#!/bin/sh\nsleep 300\n", "-o", "/dev/null", "-N", "1", "-n", "1", "-w", node,
                          "--requeue")
     cluster.wait_job(job, ("RUNNING",), timeout_s=60)
-    event = {"type": "node", "v": 1, "event": "health", "node": node, "time": 0.0,
-             "gpus": [{"index": 0, "util_pct": 98, "temp_c": 94, "throttle": ["hw_thermal"]}]}
-    send(cluster, daemon, [event])
+    if cluster.health_interval_s > 0:
+        daemon.wait_node_check(node, runs_hot)
+    else:  # no node check in this cluster: what it would send
+        send(cluster, daemon, [{"type": "node", "v": 1, "event": "health", "node": node, "time": 0.0,
+                                "gpus": [{"index": 0, "util_pct": 98, "temp_c": 94, "throttle": ["hw_thermal"]}]}])
     for seq in range(12):
         busy = [50.0, 50.0, 63.0 if seq >= 8 else 50.0, 50.0]
         gpu = {2: {"temp_c": 94, "throttle": ["hw_thermal"]}} if seq >= 8 else None
@@ -130,6 +137,11 @@ def hot_job(cluster: SlurmCluster, daemon: ArtemisDaemon, node: str, hot: ExitSt
 def drain_status(daemon: ArtemisDaemon, incident: str) -> str | None:
     rows = [a for a in daemon.get(f"/v1/incidents/{incident}")["actions"] if a["kind"] == "drain"]
     return rows[-1]["status"] if rows else None
+
+
+def decisions(daemon: ArtemisDaemon, incident: str) -> list[tuple[str, str]]:
+    """The incident's policy audit, for assertion messages."""
+    return [(a["what"], a["why"]) for a in daemon.get(f"/v1/incidents/{incident}")["audit"] if a["who"] == "policy"]
 
 
 def approve(cluster: SlurmCluster, daemon: ArtemisDaemon, incident: str) -> tuple[int, dict]:
@@ -153,20 +165,23 @@ def test_budgets_count_waiting_drains_and_a_person_s_resume_frees_them(clean_clu
 
 def budgets_from_slurm(clean_cluster: SlurmCluster, artemisd: ArtemisDaemon, hot: ExitStack) -> None:
     first = hot_job(clean_cluster, artemisd, "n1", hot)
-    assert drain_status(artemisd, first) == "pending_approval"
+    assert drain_status(artemisd, first) == "pending_approval", decisions(artemisd, first)
     # The waiting drain holds the budget: the next decision is refused, naming it.
     second = hot_job(clean_cluster, artemisd, "n2", hot)
-    assert drain_status(artemisd, second) is None
+    assert drain_status(artemisd, second) is None, decisions(artemisd, second)
     why = [a["why"] for a in artemisd.get(f"/v1/incidents/{second}")["audit"] if a["what"].startswith("drain n2")]
     assert why and "MaxDrainFraction=0.25 reached: 1 of 4 nodes" in why[0], why
     status, reply = approve(clean_cluster, artemisd, first)
     assert status == 200, reply
     wait_until(lambda: clean_cluster.drain_reasons().get("n1", "").startswith("artemis:"), "n1 drained by Artemis",
                timeout_s=60, daemon=artemisd.daemon)
+    # Done as Artemis sees it too (it reads the node back after draining): a person comes later.
+    wait_until(lambda: drain_status(artemisd, first) == "done", "the drain recorded done", timeout_s=30,
+               daemon=artemisd.daemon)
     # A person repairs n1 and resumes it: Slurm no longer shows it drained by Artemis, the budget is free again.
     clean_cluster.scontrol("update", "NodeName=n1", "State=RESUME")
     third = hot_job(clean_cluster, artemisd, "n3", hot)
-    assert drain_status(artemisd, third) == "pending_approval", [(a["what"], a["why"]) for a in artemisd.get(f"/v1/incidents/{third}")["audit"]] + [(i["id"], i["job"], i["state"], i["node"]) for i in artemisd.incidents(everything=True)]
+    assert drain_status(artemisd, third) == "pending_approval", decisions(artemisd, third)
     # The site lowers MaxDrainsPerHour to 1 while it waits: n1's drain happened this hour, so approve refuses.
     reload(artemisd, POLICY.replace("MaxDrainsPerHour=3", "MaxDrainsPerHour=1"))
     try:
