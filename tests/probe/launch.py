@@ -23,7 +23,10 @@ def free_port() -> int:
 
 def run_job(spec: dict, *, world: int = 4, env: dict[str, str] | None = None, timeout_s: float = 150.0,
             script: Path = JOB) -> list[dict]:
-    """Run one job (``script``, default job.py) to completion; return each rank's result dict (rank order)."""
+    """Run one job (``script``, by default job.py) to completion; return each rank's result dict (rank order).
+
+    Raises if any rank exits other than 0 (a signal, e.g. SIGABRT at exit, included).
+    """
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
