@@ -36,7 +36,10 @@ without ranks:
 * the step-boundary bookkeeping (``Probe.boundary``), per step;
 * ``optimizer.step()`` with and without the probe's global post-hook;
 * one window's report: building, submitting, telemetry, JSON, the write --
-  paid once per window (W steps), mostly on the sender thread.
+  paid once per window (W steps), mostly on the sender thread;
+* one wrapped ``torch.distributed`` call (a 1-element ``all_reduce`` on a
+  one-rank gloo group) with and without the probe: what every collective a
+  stack issues from Python pays.
 
     .venv/bin/python benchmarks/overhead.py --wrappers
 
@@ -44,6 +47,17 @@ times each collective wrapper alone: one process, a gloo group of size 1 (a
 HashStore, no sockets), a 16-element tensor, so the call itself is a few
 microseconds and the wrapper's share is visible; per API, the cost per call
 without the probe, with it, and the difference (min of 5 runs of N calls).
+
+    .venv/bin/python benchmarks/overhead.py --hook [--buckets 64] [--rounds 30] [--block 200]
+
+puts DDP's gradient path side by side, per bucket: one rank, a model of
+``--buckets`` small layers with a bucket cap that gives each layer its own
+bucket, three identical DDP models trained in rotating order in one run --
+DDP's built-in C++ all-reduce (no hook, as an uninstrumented job runs),
+the default all-reduce registered as a Python comm hook (no probe), and the
+probe's timed hook (probe installed).  The result is the median over rounds
+of (step time - C++ step time) / buckets, in microseconds: the CPU cost a
+Python hook adds per gradient bucket, and the probe's own share of it.
 """
 
 from __future__ import annotations
@@ -83,6 +97,10 @@ def _rank_main(args: argparse.Namespace) -> None:
         return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w),
                                    torch.nn.ReLU(), torch.nn.Linear(w, 1))
 
+    if args.hook:
+        _hook_rounds(args, DDP, default_hooks)
+        dist.destroy_process_group()
+        return
     if args.micro:
         args.width, args.batch = 16, 4  # the step is almost nothing but the probe's hooks
     plain = DDP(model())
@@ -246,6 +264,72 @@ def _wrappers(args: argparse.Namespace) -> None:
         print(f"wrapper alone, {name:30s} {us:6.2f} us", file=sys.stderr)
 
 
+def _hook_rounds(args: argparse.Namespace, DDP, default_hooks) -> None:  # noqa: N803 -- a class
+    import torch
+
+    import torch_hook
+
+    width = 32
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(args.buckets)))
+
+    # A layer's weight + bias is 4.2 kB: a 4 kB cap closes a bucket after each layer.
+    cap_mb = 4096 / 2**20
+    cpp = DDP(model(), bucket_cap_mb=cap_mb)
+    pyhook = DDP(model(), bucket_cap_mb=cap_mb)
+    pyhook.register_comm_hook(None, default_hooks.allreduce_hook)
+    torch_hook.install()
+    probed = DDP(model(), bucket_cap_mb=cap_mb)
+    torch_hook.uninstall()
+    models = {"cpp": cpp, "python_hook": pyhook, "probe": probed}
+    opts = {name: torch.optim.SGD(m.parameters(), lr=1e-4) for name, m in models.items()}
+    x = torch.randn(4, width)
+
+    def block(name: str) -> float:
+        m, opt = models[name], opts[name]
+        for i in range(args.block + SETTLE_STEPS):
+            if i == SETTLE_STEPS:
+                t0 = time.perf_counter()
+            loss = m(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return (time.perf_counter() - t0) / args.block * 1e6
+
+    def timed(name: str) -> float:
+        if name == "probe":
+            torch_hook.install()
+            try:
+                return block(name)
+            finally:
+                torch_hook.uninstall()
+        return block(name)
+
+    for name in models:
+        timed(name)  # warm-up, not measured
+    logged = cpp._get_ddp_logging_data()  # buckets are rebuilt after the first step, in gradient order
+    buckets = len(str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes")).split(","))
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    names = list(models)
+    for r in range(args.rounds):
+        for name in names[r % 3:] + names[:r % 3]:  # rotate so drift cancels
+            steps[name].append(timed(name))
+    per_bucket = {name: statistics.median((a - c) / buckets for a, c in zip(steps[name], steps["cpp"]))
+                  for name in ("python_hook", "probe")}
+    result = {"mode": "hook", "buckets": buckets, "rounds": args.rounds, "block_steps": args.block,
+              "step_us_cpp": round(statistics.median(steps["cpp"]), 1),
+              "step_us_python_hook": round(statistics.median(steps["python_hook"]), 1),
+              "step_us_probe": round(statistics.median(steps["probe"]), 1),
+              "python_hook_us_per_bucket": round(per_bucket["python_hook"], 2),
+              "probe_hook_us_per_bucket": round(per_bucket["probe"], 2),
+              "probe_beyond_python_hook_us_per_bucket": round(per_bucket["probe"] - per_bucket["python_hook"], 2)}
+    print(json.dumps(result))
+    print(f"per bucket over DDP's C++ all-reduce: Python comm hook {per_bucket['python_hook']:.1f} us, "
+          f"probe's timed hook {per_bucket['probe']:.1f} us ({buckets} buckets per step)", file=sys.stderr)
+
+
 def _components(args: argparse.Namespace) -> None:
     import torch
 
@@ -276,11 +360,23 @@ def _components(args: argparse.Namespace) -> None:
 
         report = per_call_us(reports, 10) / 32
         torch_hook.uninstall()
+        # One wrapped collective, on a one-rank gloo group (no peer to wait for).
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        one = torch.ones(1)
+        bare_call = per_call_us(lambda: dist.all_reduce(one), 5000)
+        torch_hook.install()
+        wrapped_call = per_call_us(lambda: dist.all_reduce(one), 5000)
+        torch_hook.uninstall()
+        dist.destroy_process_group()
     per_step = boundary + (hooked_step - bare_step)
     result = {"mode": "components", "window_steps": args.window,
               "boundary_us_per_step": round(boundary, 2),
               "optimizer_step_us_without": round(bare_step, 2), "optimizer_step_us_with": round(hooked_step, 2),
               "report_us_per_window": round(report, 1),
+              "collective_us_without": round(bare_call, 2), "collective_us_with": round(wrapped_call, 2),
+              "collective_wrapper_us_per_call": round(wrapped_call - bare_call, 2),
               "share_of_20ms_step_pct": round((per_step + report / args.window) / 20_000 * 100, 4)}
     print(json.dumps(result))
     print(f"per step {per_step:.1f} us, per window {report:.0f} us: "
@@ -299,6 +395,10 @@ def main() -> None:
     parser.add_argument("--micro", action="store_true", help="absolute per-step cost on a tiny one-rank step")
     parser.add_argument("--components", action="store_true", help="time the probe's pieces directly, no ranks")
     parser.add_argument("--wrappers", action="store_true", help="time each collective wrapper alone, no ranks")
+    parser.add_argument("--hook", action="store_true",
+                        help="DDP per bucket: C++ all-reduce vs Python comm hook vs the probe's timed hook")
+    parser.add_argument("--buckets", type=int, default=64, help="--hook: gradient buckets per step")
+    parser.add_argument("--rounds", type=int, default=30, help="--hook: rotations of the three models")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.components:
@@ -307,6 +407,10 @@ def main() -> None:
     if args.wrappers:
         _wrappers(args)
         return
+    if args.hook:
+        args.ranks = 1
+        if "--block" not in sys.argv:
+            args.block = 200
     if args.micro:
         args.ranks = 1
         if "--block" not in sys.argv:
