@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-WIDTH = 128
+# Wide enough that a rank's own work is milliseconds, not lost in scheduling noise.
+WIDTH = 256
 
 
 def _rank() -> int:
@@ -43,7 +44,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
 
 
-def _batch(rank: int, step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(rank: int, step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's batch for this step, the same in both runs whatever the global RNG did."""
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(n, WIDTH, generator=g), torch.randn(n, 1, generator=g)
@@ -128,7 +129,7 @@ def run_manual(spec: dict, slow: Slowdown) -> tuple[list[float], float]:
     def backward(m: torch.nn.Module, i: int) -> float:
         total = 0.0
         for micro in range(accum):
-            x, y = _batch(_rank(), i * accum + micro, n=8)
+            x, y = _batch(_rank(), i * accum + micro, n=16)
             loss = torch.nn.functional.mse_loss(m(x), y) / accum
             loss.backward()
             total += float(loss)

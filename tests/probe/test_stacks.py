@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.probe, pytest.mark.timeout(420)]
 
 W = 8  # steps per window
 HEALTHY, SLOWED = 6, 4  # windows
-SLOW_MS = 60
+SLOW_MS = 100
 # Probe step p is iteration p + 1 (the first boundary only starts the clock),
 # so slowing iterations from 1 + HEALTHY*W on makes window HEALTHY the first slow one.
 STEPS = 1 + (HEALTHY + SLOWED) * W
@@ -108,7 +108,7 @@ def job(request, tmp_path_factory) -> Job:
     missing = [m for m in NEEDS.get(stack, ()) if importlib.util.find_spec(m) is None]
     if missing:
         pytest.fail(f"{stack}: {', '.join(missing)} not installed: scripts/bootstrap installs the [stacks] extra")
-    return Job(stack, world, tmp_path_factory.mktemp(f"{stack}{world}"))
+    return Job(stack, world, tmp_path_factory.mktemp(f"{stack}-{world}ranks"))
 
 
 def test_training_is_identical_with_and_without_the_probe(job):
@@ -145,17 +145,16 @@ def test_reports_have_every_rank_and_the_stacks_collectives(job):
 
 
 def test_slowed_rank_is_busy_and_its_peers_wait(job):
+    # Compared within each window, not against the healthy phase: on a shared
+    # machine the load, and with it every step time, can change twofold between phases.
     slow, others = job.slow_rank, [r for r in range(job.world) if r != job.slow_rank]
-    healthy = range(1, HEALTHY)  # window 0 holds the warm-up
     slowed = range(HEALTHY + 1, HEALTHY + SLOWED)  # past the window where the phase starts
     med = statistics.median
-    for s in slowed:
-        peers = med([job.table[s][r].ms.busy for r in others])
-        assert job.table[s][slow].ms.busy >= peers + 0.5 * SLOW_MS, (s, job.table[s][slow].ms, peers)
+    busy_excess = med([job.table[s][slow].ms.busy - med([job.table[s][r].ms.busy for r in others]) for s in slowed])
+    assert busy_excess >= 0.5 * SLOW_MS, f"the slowed rank's busy exceeds its peers' by {busy_excess:.1f} ms"
     for r in others:
-        before = med([job.table[s][r].ms.comm_wait for s in healthy])
-        during = med([job.table[s][r].ms.comm_wait for s in slowed])
-        assert during >= before + 0.5 * SLOW_MS, f"rank {r} comm_wait {before:.1f} -> {during:.1f} ms"
+        extra_wait = med([job.table[s][r].ms.comm_wait - job.table[s][slow].ms.comm_wait for s in slowed])
+        assert extra_wait >= 0.5 * SLOW_MS, f"rank {r} waits only {extra_wait:.1f} ms/step longer than the slowed rank"
 
 
 def test_replay_names_nothing_in_the_healthy_run(job):
