@@ -11,9 +11,14 @@
    node's telemetry, queues a clock reset that the node check applies as root,
    and measures the throughput before and after;
 4. then makes another node's GPU overheat: a clock reset cannot fix that, so
-   the node is drained (``sinfo -R``) and the job requeued without it;
-5. prints each incident (cause, evidence, action, result), writes the
-   incident plots (``artemis show INC --plot``), and tears everything down.
+   the node is drained (``sinfo -R``), the job requeued without it, and the
+   requeued run's throughput on the healthy nodes verified;
+5. then stalls one rank's data loader in a job that did not opt in to
+   rebalancing: the incident is escalated (the email as the SMTP sink got it,
+   and the AdminComment that ``sacct`` shows once the job has ended);
+6. prints each incident (cause, evidence, action, measured result), every
+   incident of the job (the dismissed suspects too), writes the incident plots
+   (``artemis show INC --plot``), and tears everything down.
 
 Needs root (daemons, namespaces, cgroups) and the packages of
 scripts/apt-packages.txt.  Nothing leaves the machine: the nodes sit on a
@@ -28,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +51,15 @@ def say(text: str, started: float) -> None:
 
 
 def show_incident(incident: dict[str, Any]) -> str:
+    where = (f"rank {incident['rank']} on node {incident['node']} (island {incident['island']})"
+             if incident.get("rank") is not None else
+             f"{incident['kind']} {incident.get('node') or incident.get('link') or 'job ' + incident['job']}")
     lines = [f"  {incident['id']}  {incident['kind']} incident, state {incident['state']}",
-             f"    where:    rank {incident['rank']} on node {incident['node']}"
-             f" (island {incident['island']})",
+             f"    where:    {where}",
              f"    cause:    {incident['cause']} (confidence {incident['confidence']})",
-             f"    impact:   {incident['ratio']}x its peers' busy time, "
-             f"{incident['loss_pct']} % of job throughput lost"]
+             f"    impact:   {incident['ratio']}x its peers' busy time: {incident['loss_pct']} % of the job's "
+             f"throughput from its excess per step; measured {incident.get('measured_loss_pct')} % "
+             f"from the job's samples/s"]
     for evidence in incident["evidence"]:
         note = f" — {evidence['note']}" if evidence.get("note") else ""
         lines.append(f"    evidence: {evidence['signal']} = {evidence['value']}"
@@ -59,9 +68,16 @@ def show_incident(incident: dict[str, Any]) -> str:
     lines.append(f"    action:   {action.get('kind')} {action.get('target')} -> {action.get('status')}")
     result = incident.get("result")
     if result:
-        lines.append(f"    result:   {result['throughput_before']:.0f} -> {result['throughput_after']:.0f}"
-                     f" samples/s, recovered: {result['recovered']}")
+        lines.append("    result:   " + format_result(result))
     return "\n".join(lines)
+
+
+def format_result(result: dict[str, Any]) -> str:
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    return (f"samples/s healthy {num(result.get('throughput_healthy'))}, slowed {num(result.get('throughput_before'))}, "
+            f"after {num(result.get('throughput_after'))}; recovered: {result.get('recovered')}")
 
 
 def plot(daemon: ArtemisDaemon, incident: str, out: Path) -> Path:
@@ -72,8 +88,25 @@ def plot(daemon: ArtemisDaemon, incident: str, out: Path) -> Path:
     return target
 
 
-def run(out: Path, keep: bool) -> int:
+@dataclass
+class DemoRun:
+    """What the demo saw, for tests/cluster/test_demo.py to judge."""
+
+    incidents: list[dict[str, Any]] = field(default_factory=list)      # one per fault, as last read
+    every_incident: list[dict[str, Any]] = field(default_factory=list)  # the job's, dismissed ones too
+    nodes: list[str] = field(default_factory=list)
+    hot_node: str = ""
+    drain_reasons: dict[str, str] = field(default_factory=dict)
+    admin_comment: str = ""                                             # sacct, after the job ended
+    mails: list[tuple[str, str]] = field(default_factory=list)          # (subject, body)
+
+
+VERDICTS = ("resolved", "unresolved")
+
+
+def run(out: Path, keep: bool) -> DemoRun:
     started = time.monotonic()
+    seen = DemoRun()
     out.mkdir(parents=True, exist_ok=True)
     say("bringing up the emulated cluster (munged, MariaDB, slurmdbd, slurmctld, 4 x slurmd)", started)
     with SlurmCluster(nodes=4, health_interval_s=5, keep_workdir=keep) as cluster, \
@@ -82,8 +115,9 @@ def run(out: Path, keep: bool) -> int:
             + ", ".join(f"{n.name}={n.address}" for n in cluster.nodes.values())
             + f"); artemisd at {daemon.url}", started)
         faults.write_healthy_gpus(cluster)
+        seen.nodes = list(cluster.nodes)
 
-        job = TrainingJob.submit(cluster, daemon, seconds=600)
+        job = TrainingJob.submit(cluster, daemon, seconds=900)
         say(f"sbatch --artemis=on train_ddp.py -> job {job.job_id} (3 ranks, gloo, no Artemis code)",
             started)
         job.wait_running()
@@ -92,40 +126,74 @@ def run(out: Path, keep: bool) -> int:
         say(f"healthy baseline measured on {', '.join(job.nodes())}", started)
 
         say(f"fault 1: the GPU of {slow} stops boosting (clocks pinned low)", started)
-        incidents = []
         with faults.EmulatedGpuFault(cluster, slow, "clocks"):
             first = job.wait_incident(
-                lambda i: i["cause"] == "gpu.clocks" and i["state"] in ("resolved", "unresolved"),
+                lambda i: i["cause"] == "gpu.clocks" and i["state"] in VERDICTS,
                 "the clock incident to be corrected and verified", timeout_s=300)
-        incidents.append(first)
+        seen.incidents.append(first)
         say("incident:\n" + show_incident(first), started)
 
-        hot = job.rank_node(2)
+        hot = seen.hot_node = job.rank_node(2)
         say(f"fault 2: the GPU of {hot} overheats (a reset cannot fix heat)", started)
         with faults.EmulatedGpuFault(cluster, hot, "thermal"):
             second = job.wait_incident(lambda i: i["cause"] == "gpu.thermal" and i["state"] not in (
                 "suspect", "dismissed", "confirmed"), "the thermal incident to be acted on", timeout_s=300)
-            wait_for(lambda: cluster.drain_reasons().get(hot), f"{hot} drained", timeout_s=120)
+            try:
+                wait_for(lambda: cluster.drain_reasons().get(hot), f"{hot} drained", timeout_s=120)
+            except Exception:
+                detail = daemon.get(f"/v1/incidents/{second['id']}")
+                say(f"{hot} was not drained; {second['id']} as the daemon has it:\n{json.dumps(detail)[:3000]}"
+                    f"\n{daemon.log_tail(30)}", started)
+                raise
             wait_for(lambda: hot in job.info().get("ExcNodeList", ""), "the requeue", timeout_s=120)
-            # Re-read: the action has finished meanwhile (drain done, job requeued).
-            second = job.wait_incident(lambda i: i["id"] == second["id"] and (i.get("action") or {}).get(
-                "status") in ("done", "failed"), "the drain to be recorded", timeout_s=120)
-        incidents.append(second)
+            say(f"{hot} drained, job {job.job_id} requeued excluding it; verifying on the healthy nodes",
+                started)
+            job.wait_running(timeout_s=120)
+            # The node stays hot: verification judges the requeued run on the
+            # other nodes once it is back in steady state.
+            second = job.wait_incident(lambda i: i["id"] == second["id"] and i["state"] in VERDICTS,
+                                       "the requeued job's recovery to be verified", timeout_s=420)
+        seen.incidents.append(second)
         say("incident:\n" + show_incident(second), started)
+        seen.drain_reasons = cluster.drain_reasons()
         say("sinfo -R:\n" + cluster.cmd("sinfo", "-R", "-o", "%60E %9u %19H %N").stdout.rstrip(),
             started)
         info = job.info()
         say(f"job {job.job_id}: {info.get('JobState')}, requeued {info.get('Restarts')} time(s), "
             f"ExcNodeList={info.get('ExcNodeList')}", started)
-        say(f"escalation emails received: {mailbox.subjects() or 'none'}", started)
 
-        for incident in incidents:
+        stalled = job.rank_node(FAULTY_RANK)
+        say(f"fault 3: rank {FAULTY_RANK}'s data loader on {stalled} stalls; the job did not opt in to "
+            f"rebalancing, so a person is told", started)
+        mails_before = len(mailbox.subjects())
+        with faults.LoaderStall(job.stall_dir, stalled, seconds_per_batch=0.25):
+            third = job.wait_incident(lambda i: i["cause"] == "input.loader" and i["state"] == "escalated",
+                                      "the loader incident to be escalated", timeout_s=300)
+            wait_for(lambda: len(mailbox.subjects()) > mails_before, "the escalation email", timeout_s=60)
+        seen.incidents.append(third)
+        say("incident:\n" + show_incident(third), started)
+        seen.mails = list(zip(mailbox.subjects(), mailbox.bodies()))
+        subject, body = next((s, b) for s, b in seen.mails[mails_before:] if third["id"] in s)
+        say(f"escalation email as received by the SMTP sink:\n  Subject: {subject}\n"
+            + "\n".join("  " + line for line in body.strip().splitlines()[:14]), started)
+
+        for incident in seen.incidents:
             say(f"plot: {plot(daemon, incident['id'], out)}", started)
-        (out / "incidents.jsonl").write_text("".join(json.dumps(i) + "\n" for i in incidents))
         job.cancel()
+        cluster.wait_job(job.job_id, timeout_s=60)
+        seen.admin_comment = wait_for(lambda: cluster.cmd("sacct", "-n", "-X", "-P", "-j", job.job_id,
+                                                          "-o", "AdminComment").stdout.strip(),
+                                      "AdminComment in sacct", timeout_s=60)
+        say(f"sacct -j {job.job_id} -o AdminComment (the job has ended):\n  {seen.admin_comment}", started)
+        seen.every_incident = daemon.incidents(job.job_id, everything=True)
+        say("every incident of the job, with the suspects that were never confirmed:\n" + "\n".join(
+            f"  {i['id']:<7} {i['state']:<10} {i['kind']:<5} {i['cause']:<13} "
+            f"{'rank ' + str(i['rank']) if i.get('rank') is not None else i.get('node') or i.get('link') or ''}"
+            for i in seen.every_incident), started)
+        (out / "incidents.jsonl").write_text("".join(json.dumps(i) + "\n" for i in seen.every_incident))
         say("tearing down (daemons by PID, namespaces, bridge, cgroups, route)", started)
     say(f"done; incidents and plots in {out}", started)
-    return 0
+    return seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("the demo runs Slurm's daemons and creates namespaces: run it as root", file=sys.stderr)
         return 2
-    return run(args.out.resolve(), args.keep)
+    run(args.out.resolve(), args.keep)
+    return 0
 
 
 if __name__ == "__main__":
