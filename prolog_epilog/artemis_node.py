@@ -181,6 +181,12 @@ def guarded(program: str, body: Any) -> int:
         body()
     except Exception as err:  # noqa: BLE001 -- never fail slurmd's hook
         log(program, f"{type(err).__name__}: {err}")
+    finally:
+        # Disarm: Python restores SIGALRM's default action while it shuts down,
+        # so a hard timeout that fires during a slow exit (a loaded node) kills
+        # the program with signal 14 — and slurmd drains the node for a Prolog
+        # that did its work.
+        signal.setitimer(signal.ITIMER_REAL, 0)
     return 0
 
 

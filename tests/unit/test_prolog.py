@@ -153,3 +153,15 @@ def test_munge_credential_covers_the_body(tmp_path: Path) -> None:
         decoded = munged.decode(credential)
     assert scheme == "Munge" and decoded.returncode == 0
     assert decoded.stdout.strip().endswith(hashlib.sha256(req.body).hexdigest())
+
+
+def test_hard_timeout_is_disarmed_once_the_work_is_done():
+    # Python gives SIGALRM back its default action while it shuts down: an
+    # alarm still armed then kills the Prolog with signal 14 and slurmd drains
+    # the node.  After guarded() returns, no alarm may be pending.
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO / 'prolog_epilog')!r})\n"
+              "from artemis_node import arm_hard_timeout, guarded\n"
+              "guarded('t', lambda: arm_hard_timeout('t', 0.3))\n"
+              "time.sleep(0.6); print('alive'); sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout.strip()) == (3, "alive"), done.stderr
