@@ -419,18 +419,23 @@ class Instrumentation:
             except Exception as err:  # noqa: BLE001
                 self.fault(err)
                 return original(self_, *args, **kwargs)
-            _local.inside = True
-            try:
-                result = original(self_, *args, **kwargs)
-            finally:
-                _local.inside = False
-            try:
-                self._record(op, group, 0.0, 0, start, target.timeline_mark())
-            except Exception as err:  # noqa: BLE001
-                self.fault(err)
-            return result
+            return self._timed_wait(op, group, start, original, (self_, *args), kwargs)
 
         return _keep_signature(wait, original)
+
+    def _timed_wait(self, op: str, group: str, start: Any, original: Callable[..., Any],
+                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a wait with the wrappers off inside it; its time is ``op``'s comm_wait."""
+        _local.inside = True
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _local.inside = False
+        try:
+            self._record(op, group, 0.0, 0, start, self.target.timeline_mark())
+        except Exception as err:  # noqa: BLE001
+            self.fault(err)
+        return result
 
     # -- functional collectives ----------------------------------------------
     def _functional_wrapper(self, spec: _Spec, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -493,16 +498,7 @@ class Instrumentation:
             except Exception as err:  # noqa: BLE001
                 self.fault(err)
                 return original(*args, **kwargs)
-            _local.inside = True
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                _local.inside = False
-            try:
-                self._record(op, group, 0.0, 0, start, target.timeline_mark())
-            except Exception as err:  # noqa: BLE001
-                self.fault(err)
-            return result
+            return self._timed_wait(op, group, start, original, args, kwargs)
 
         return _keep_signature(wait_tensor, original)
 
