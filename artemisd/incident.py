@@ -159,9 +159,14 @@ class Result(BaseModel):
     * ``throughput_after``: median of ``VerifyWindows`` steady windows after the
       action (``verify.verify``).
 
-    ``recovered`` <=> after >= RecoveryFraction x healthy (artemis.conf).  The
-    result is set (after and recovered still null) once the action completes,
-    and completed by verification.
+    * ``throughput_expected`` (additive): what a healthy job makes at the
+      machine's pace during verification (``throughput_healthy`` x the job's
+      fast ranks' healthy busy time / their busy time then); null for a
+      job-wide subject, judged against ``throughput_healthy`` as it was.
+
+    ``recovered`` <=> after >= RecoveryFraction x expected (healthy where
+    expected is null; artemis.conf).  The result is set (after and recovered
+    still null) once the action completes, and completed by verification.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -169,6 +174,7 @@ class Result(BaseModel):
     throughput_healthy: float | None = None
     throughput_before: float | None = None
     throughput_after: float | None = None
+    throughput_expected: float | None = None
     recovered: bool | None = None
 
     def describe(self) -> str:
@@ -180,6 +186,9 @@ class Result(BaseModel):
                 f"slowed {num(self.throughput_before)}, after {num(self.throughput_after)}")
         if self.throughput_after is not None and self.throughput_healthy:
             line += f" ({100.0 * self.throughput_after / self.throughput_healthy:.0f} % of healthy)"
+        if self.throughput_after is not None and self.throughput_expected:
+            line += (f", expected at the machine's pace then {self.throughput_expected:.1f} "
+                     f"({100.0 * self.throughput_after / self.throughput_expected:.0f} %)")
         judged = self.recovered is not None or self.throughput_after is not None
         return line + f"; recovered {self.recovered if judged else 'not yet judged'}"
 

@@ -305,7 +305,8 @@ class Analyzer:
 
         summary = detect.summarize(frame, frame.collectives)
         state.throughput.append((seq, summary.throughput))
-        state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps))
+        state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps,
+                                                  frame.busy))
 
         subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)

@@ -243,6 +243,7 @@ class Daemon:
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
+        self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
         self._dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> its probe's dropped_reports
         self._restoring = False
         self._logged_failures: set[tuple[str, str]] = set()
@@ -1224,23 +1225,7 @@ class Daemon:
 
     def _verify(self, stored: StoredIncident, now: float) -> None:
         inc = Incident.model_validate(stored.body)
-        d = self.config.daemon
-        origin = stored.step or "0"
-        current = self._run_key(inc.job, origin)
-        healthy = verify.healthy_shape(self.analyzer.window_shapes(inc.job, origin), inc.onset_window)
-        if current == origin:
-            # The same run goes on: the first window after the action may straddle it.
-            after, unlike, unlike_note = verify.after_windows(
-                self.analyzer.window_shapes(inc.job, origin), stored.action_window, healthy, 1)
-        else:
-            # A requeued job started again: judge it once back in steady state,
-            # after its warm-up windows (imports, process groups, first batches).
-            after, unlike, unlike_note = verify.after_windows(
-                self.analyzer.window_shapes(inc.job, current), None, healthy, d.verify_warmup_windows)
-        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction)
-        if not verdict.done and len(unlike) >= d.verify_windows:
-            verdict = verify.Verification(True, None, stored.baseline, None,
-                                          f"{unlike_note}: recovery cannot be judged like with like")
+        verdict = self._measure_recovery(stored, inc)
         if not verdict.done:
             last_seen = self.store.job_last_seen(inc.job)
             if last_seen is None or now - last_seen < VERIFY_SILENCE_S:
@@ -1250,8 +1235,9 @@ class Daemon:
                                           f"no windows from job {inc.job} for {now - last_seen:.0f} s after the "
                                           f"action: recovery cannot be measured")
         self._freeze_slowed(stored, inc)
-        inc.result = (inc.result or Result()).model_copy(update={"throughput_after": _rounded(verdict.after),
-                                                   "recovered": verdict.recovered})
+        inc.result = (inc.result or Result()).model_copy(update={
+            "throughput_after": _rounded(verdict.after), "throughput_expected": _rounded(verdict.expected),
+            "recovered": verdict.recovered})
         if verdict.recovered:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", verdict.note, now=now)
@@ -1264,6 +1250,41 @@ class Daemon:
                 if self._roll_back(inc, now) and inc.action is not None and inc.action.reversible:
                     inc.action.status = "rolled_back"
         self._save(stored, inc)
+
+    def _measure_recovery(self, stored: StoredIncident, inc: Incident,
+                          since: int | None = None) -> verify.Verification:
+        """The verdict on the incident's action from the windows measured since (``done`` False: too few yet).
+
+        Like with like: windows of the healthy shape (rank count, global batch),
+        full ones, past the window that straddles the action (same run) or the
+        warm-up of a requeued job's new run.  Recovery is judged against the
+        healthy throughput at the machine's pace then (``verify.verify``) for a
+        subject the job's other ranks do not share (a rank, node or link); a
+        job-wide subject is judged against the healthy throughput as it was.
+        ``since`` (a window of the current run): judge on the windows after it
+        instead, e.g. the subject's latest healthy stretch.
+        """
+        d = self.config.daemon
+        origin = stored.step or "0"
+        current = self._run_key(inc.job, origin)
+        healthy = verify.healthy_shape(self.analyzer.window_shapes(inc.job, origin), inc.onset_window)
+        shapes = self.analyzer.window_shapes(inc.job, current)
+        if since is not None:
+            after, unlike, unlike_note = verify.after_windows(shapes, since, healthy, 0)
+        elif current == origin:
+            # The same run goes on: the first window after the action may straddle it.
+            after, unlike, unlike_note = verify.after_windows(shapes, stored.action_window, healthy, 1)
+        else:
+            # A requeued job started again: judge it once back in steady state,
+            # after its warm-up windows (imports, process groups, first batches).
+            after, unlike, unlike_note = verify.after_windows(shapes, None, healthy, d.verify_warmup_windows)
+        local = inc.kind in (IncidentKind.RANK, IncidentKind.NODE, IncidentKind.LINK)
+        pace = healthy.pace if healthy is not None and local else None
+        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction, pace)
+        if not verdict.done and len(unlike) >= d.verify_windows:
+            verdict = verify.Verification(True, None, stored.baseline, None,
+                                          f"{unlike_note}: recovery cannot be judged like with like")
+        return verdict
 
     def _roll_back(self, inc: Incident, now: float) -> bool:
         """Undo the incident's reversible actions that did not help; False if one had to stay."""
@@ -1305,19 +1326,47 @@ class Daemon:
                 f"not resumed")
 
     def _close_recovered(self, stored: StoredIncident, now: float) -> None:
-        """The analyzer saw the subject healthy again: close it, unless an action is still in flight."""
+        """The analyzer saw the subject healthy again: close it once the job's throughput agrees.
+
+        Resolved always means recovered: the job's latest ``VerifyWindows``
+        windows are judged as a verification would judge them.  Back: the
+        incident is resolved with that result.  Not back (e.g. an action judged
+        unresolved whose subject is healthy now, yet the job still slow): it
+        stays as it is and is looked at again next turn.  Without a healthy
+        baseline there is nothing to judge against; the subject's recovery
+        closes it (``recovered`` stays null).
+        """
         if any(r.status in ("queued", "running") and r.kind not in ("escalate", "notify")
                for r in self.store.actions_of(stored.id)):
             return
         inc = Incident.model_validate(stored.body)
+        need = self.config.daemon.verify_windows
+        shapes = self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0"))
+        if stored.baseline is not None:
+            if len(shapes) <= need:
+                return
+            verdict = self._measure_recovery(stored, inc, since=shapes[-need - 1].seq)
+            if not verdict.done or verdict.recovered is False:
+                if verdict.done and stored.id not in self._not_back:
+                    self._not_back.add(stored.id)
+                    self._audit(inc.id, "verify", "subject healthy, job throughput not back",
+                                verdict.note, now=now)
+                return
+            if inc.result is not None or verdict.recovered:
+                self._freeze_slowed(stored, inc)
+                inc.result = (inc.result or Result()).model_copy(update={
+                    "throughput_after": _rounded(verdict.after),
+                    "throughput_expected": _rounded(verdict.expected), "recovered": verdict.recovered})
+            why = f"the subject has been healthy again for RecoverWindows windows; {verdict.note}"
+        else:
+            why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
         for row in self.store.actions_of(stored.id):
             if row.status == "pending_approval":
                 self.store.update_action(row.id, "skipped", "subject recovered before approval")
         inc.advance(S.RESOLVED)
         stored.decide = False
-        self._audit(inc.id, "analyzer", "resolved", "the subject has been healthy again for RecoverWindows windows",
-                    now=now)
-        self._all_clear(stored, inc, "the subject has been healthy again for RecoverWindows windows", now)
+        self._audit(inc.id, "analyzer", "resolved", why, now=now)
+        self._all_clear(stored, inc, why, now)
         self._save(stored, inc)
 
     # --- people ------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ class WindowShape:
     ``samples_per_step`` is the job's global batch: samples of all ranks per
     step (a rebalance moves samples between ranks, not this); ``steps`` the
     median steps in the window (a window closed early by the time limit has
-    fewer: it is not a full window).
+    fewer: it is not a full window).  ``pace`` is the busy ms per step of the
+    job's fast ranks (the lower quartile over ranks): how fast this machine ran
+    work a subject's fault does not slow (``verify``'s load correction).
     """
 
     seq: int
@@ -46,43 +48,87 @@ class WindowShape:
     world: int
     samples_per_step: float | None
     steps: float
+    pace: float | None = None
 
     @classmethod
-    def of(cls, seq: int, throughput: float, world: int, samples: np.ndarray, steps: np.ndarray) -> WindowShape:
+    def of(cls, seq: int, throughput: float, world: int, samples: np.ndarray, steps: np.ndarray,
+           busy: np.ndarray | None = None) -> WindowShape:
         counted = samples[np.isfinite(samples)]
         median_steps = float(np.median(steps)) if steps.size else 0.0
         batch = round(float(np.sum(counted)) / median_steps, 3) if counted.size and median_steps > 0 else None
-        return cls(seq, float(throughput), int(world), batch, median_steps)
+        return cls(seq, float(throughput), int(world), batch, median_steps, fast_pace(busy))
 
     def like(self, other: WindowShape) -> bool:
-        return self.world == other.world and self.samples_per_step == other.samples_per_step
+        """Same rank count and the same global batch, give or take one short batch in the window.
+
+        A sampler's last batch of an epoch is short (8192 samples over 3 ranks
+        at 64 a batch: 43 samples every 43rd step), so the global batch of a
+        window that holds an epoch's end is up to one step's worth (1/steps)
+        below the others: the same workload.  A changed batch size or rank
+        count is far outside that.
+        """
+        if self.world != other.world or self.samples_per_step is None or other.samples_per_step is None:
+            return self.world == other.world and self.samples_per_step == other.samples_per_step
+        steps = max(1.0, min(self.steps, other.steps))
+        tolerance = other.samples_per_step / steps + 1e-6
+        return abs(self.samples_per_step - other.samples_per_step) <= tolerance
 
 
-def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None) -> WindowShape | None:
-    """The shape of the job's last healthy window before the onset (what verification compares with)."""
+def fast_pace(busy: np.ndarray | None) -> float | None:
+    """Busy ms per step of the job's fast ranks (lower quartile, an actual rank's value); None if unmeasured.
+
+    The lower quartile, not the median: in a two-rank job the median is half
+    the straggler's own time.  A one-rank job has no rank the fault spares.
+    """
+    if busy is None:
+        return None
+    finite = busy[np.isfinite(busy)]
+    if finite.size < 2:
+        return None
+    return float(np.quantile(finite, 0.25, method="lower"))
+
+
+def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None,
+                  depth: int = BASELINE_WINDOWS) -> WindowShape | None:
+    """The job's healthy shape before the onset (what verification compares with).
+
+    Its world and global batch are the last healthy window's; its batch, steps
+    and pace the median of the last ``depth`` windows of that shape, so one
+    window holding an epoch's short batch does not set the shape, nor one slow
+    window the pace.
+    """
     before = [w for w in shapes if onset_window is None or w.seq < onset_window]
-    return before[-1] if before else None
+    if not before:
+        return None
+    last = before[-1]
+    same = [w for w in before if w.world == last.world][-depth:]
+    batches = [w.samples_per_step for w in same if w.samples_per_step is not None]
+    paces = [w.pace for w in same if w.pace is not None]
+    return WindowShape(last.seq, float(np.median([w.throughput for w in same])), last.world,
+                       round(float(np.median(batches)), 3) if batches else last.samples_per_step,
+                       float(np.median([w.steps for w in same])),
+                       float(np.median(paces)) if paces else None)
 
 
 def after_windows(shapes: Sequence[WindowShape], action_window: int | None, healthy: WindowShape | None,
-                  skip: int) -> tuple[list[float], list[WindowShape], str]:
-    """The windows that may judge an action: (their throughputs, the unlike ones, a note).
+                  skip: int) -> tuple[list[WindowShape], list[WindowShape], str]:
+    """The windows that may judge an action: (the like ones, the unlike ones, a note).
 
     ``shapes`` are the windows of the run being judged: the same run after
     ``action_window``, or a requeued job's new run (``action_window`` None).
     The first ``skip`` of them are left out (the window straddling the action;
     a restarted job's warm-up), then every window that is not full (fewer
     steps than a healthy window) is left out, and windows of another shape
-    (rank count, samples per rank per step) are set aside: they cannot be
-    compared with the healthy throughput.
+    (rank count, samples per step) are set aside: they cannot be compared
+    with the healthy throughput.
     """
     after = [w for w in shapes if action_window is None or w.seq > action_window][skip:]
     if healthy is not None:
         after = [w for w in after if w.steps >= healthy.steps]
     measured = [w for w in after if np.isfinite(w.throughput)]
     if healthy is None:
-        return [w.throughput for w in measured], [], ""
-    like = [w.throughput for w in measured if w.like(healthy)]
+        return measured, [], ""
+    like = [w for w in measured if w.like(healthy)]
     unlike = [w for w in measured if not w.like(healthy)]
     note = ""
     if unlike:
@@ -95,13 +141,18 @@ def after_windows(shapes: Sequence[WindowShape], action_window: int | None, heal
 
 @dataclass(frozen=True)
 class Verification:
-    """``done`` False: not enough windows yet.  ``recovered`` None: could not be judged."""
+    """``done`` False: not enough windows yet.  ``recovered`` None: could not be judged.
+
+    ``expected`` is what recovery was judged against: the healthy throughput,
+    corrected for the machine's pace during verification when it was measured.
+    """
 
     done: bool
     recovered: bool | None = None
     before: float | None = None
     after: float | None = None
     note: str = ""
+    expected: float | None = None
 
 
 def window_throughput(samples: Sequence[float | None], seconds: Sequence[float]) -> float | None:
@@ -166,16 +217,41 @@ def loss_evidence(loss_pct: float | None, healthy: float | None, slowed: float |
             "note": f"job throughput slowed vs healthy; {why}"}
 
 
-def verify(before: float | None, after: Sequence[float], need: int, fraction: float) -> Verification:
-    """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action."""
-    if len(after) < need:
+def verify(before: float | None, after: Sequence[float | WindowShape], need: int, fraction: float,
+           healthy_pace: float | None = None) -> Verification:
+    """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action.
+
+    Judged on the median of the first ``need`` windows after the action::
+
+        recovered  <=>  after >= fraction x expected
+        expected   =    before x healthy_pace / pace after
+
+    The pace factor is the load correction: on a shared machine the job's
+    fast ranks, which the subject's fault never slowed, ran ``pace after /
+    healthy_pace`` times slower (or faster) than in the healthy windows, and
+    a healthy job would have lost (or gained) that much throughput too.
+    Without both paces (``healthy_pace`` None: a job-wide subject, whose fault
+    may be exactly what slows every rank) ``expected`` is ``before``.
+    """
+    window = list(after)[:need]
+    if len(window) < need:
         return Verification(False, before=before,
                             note=f"{len(after)} of {need} windows measured after the action")
-    measured = float(np.median(list(after)[:need]))
+    throughputs = [w.throughput if isinstance(w, WindowShape) else float(w) for w in window]
+    measured = float(np.median(throughputs))
     if before is None or before <= 0:
         return Verification(True, None, before, measured,
                             "no healthy baseline before the incident: recovery cannot be judged")
-    recovered = measured >= fraction * before
+    expected, load = before, ""
+    paces = [w.pace for w in window if isinstance(w, WindowShape) and w.pace is not None and w.pace > 0]
+    if healthy_pace is not None and healthy_pace > 0 and len(paces) == len(window):
+        factor = float(np.median(paces)) / healthy_pace
+        expected = before / factor
+        load = (f"; the job's fast ranks ran {factor:.2f}x the healthy busy time per step "
+                f"({float(np.median(paces)):.1f} vs {healthy_pace:.1f} ms): at that pace a healthy job "
+                f"makes {expected:.1f}, and {measured:.1f} is {100.0 * measured / expected:.0f} % of it")
+    recovered = measured >= fraction * expected
     return Verification(True, recovered, before, measured,
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
-                        f"({100.0 * measured / before:.0f} %, recovery needs {100.0 * fraction:.0f} %)")
+                        f"({100.0 * measured / before:.0f} %{load}; recovery needs {100.0 * fraction:.0f} %)",
+                        expected)

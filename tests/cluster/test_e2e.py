@@ -81,8 +81,10 @@ def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
         assert result["throughput_healthy"] and result["throughput_before"] and result["throughput_after"], done
         assert result["throughput_before"] < result["throughput_healthy"], done
         assert slurm_cluster.drain_reasons().get(node, "").startswith("artemis:"), done
-        if done["state"] == "resolved":
-            assert result["throughput_after"] >= 0.85 * result["throughput_healthy"]
+        # Judged against the healthy throughput at the machine's pace then (the job's
+        # fast ranks' busy time), so a loaded box neither fails nor flatters the fix.
+        assert done["state"] == "resolved" and result["recovered"] is True, done
+        assert result["throughput_after"] >= 0.85 * (result["throughput_expected"] or result["throughput_healthy"])
         for pct in (done["loss_pct"], done["measured_loss_pct"]):
             assert pct is None or 0.0 <= pct <= 100.0
     assert slurm_cluster.wait_job(quiet.job_id, timeout_s=120) == "COMPLETED"

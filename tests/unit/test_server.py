@@ -532,3 +532,28 @@ def test_each_rung_is_tried_once_then_a_person_is_told(tmp_path):
             kinds = [a["kind"] for a in (await h.show(inc["id"]))["actions"]]
             assert kinds.count("drain") == 1 and kinds.count("requeue") == 1 and "undrain" in kinds
     run(scenario)
+
+
+def test_resolved_always_means_recovered(tmp_path):
+    """The fix took (the subject is its peers' speed again) but the job's throughput is not back
+    (its collectives slowed, not its ranks): verification says unresolved, and the subject's
+    recovery does not turn that into a resolved incident whose result says not recovered."""
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=correct Approve=drain,requeue,escalate\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
+            await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}", json={"status": "done", "detail": "-rac"})
+            await h.windows(range(12, 20), HEALTHY, comm_ms=120.0)
+            for inc in await h.incidents():
+                if inc["state"] == "resolved":
+                    assert inc["result"]["recovered"] is True, inc
+            first = (await h.incidents())[0]
+            assert first["cause"] == "gpu.clocks" and first["state"] != "resolved", first
+            assert first["result"]["recovered"] is False
+            # The collectives come back: the incident is resolved, on a measured recovery.
+            await h.windows(range(20, 26), HEALTHY)
+            first = (await h.incidents())[0]
+            assert first["state"] == "resolved" and first["result"]["recovered"] is True, first
+    run(scenario)

@@ -42,3 +42,59 @@ def test_during_is_the_throughput_while_the_slowdown_was_in_force():
     assert during(series, onset_window=None, action_window=4) == 71.0  # the last windows before the action
     assert during(series, onset_window=9, action_window=4) == 71.0
     assert during([], onset_window=2, action_window=4) is None
+
+
+def shape(seq, throughput, batch=192.0, world=3, steps=20.0, pace=8.0):
+    from artemisd.verify import WindowShape
+
+    return WindowShape(seq, throughput, world, batch, steps, pace)
+
+
+def test_a_window_holding_an_epochs_short_batch_is_the_same_workload():
+    # 8192 samples over 3 ranks at 64 a batch: every 43rd step is a 43-sample batch,
+    # so about every other 20-step window has 188.85 samples per step instead of 192.
+    normal, short = shape(0, 1.0), shape(1, 1.0, batch=188.85)
+    assert short.like(normal) and normal.like(short)
+    assert not shape(2, 1.0, batch=384.0).like(normal)  # twice the batch: another workload
+    assert not shape(3, 1.0, world=2, batch=128.0).like(normal)  # a rank fewer
+
+
+def test_after_windows_keep_epoch_end_windows_and_set_aside_another_shape():
+    from artemisd.verify import after_windows, healthy_shape
+
+    healthy = healthy_shape([shape(s, 100.0, batch=188.85 if s % 2 else 192.0) for s in range(10)], 10)
+    assert healthy.samples_per_step == 190.425 and healthy.pace == 8.0
+    run = [shape(s, 100.0, batch=188.85 if s % 2 else 192.0) for s in range(8)] + [shape(8, 50.0, world=2)]
+    like, unlike, note = after_windows(run, None, healthy, 3)
+    assert [w.seq for w in like] == [3, 4, 5, 6, 7] and [w.seq for w in unlike] == [8]
+    assert "2 ranks" in note
+
+
+def test_fast_pace_is_a_fast_ranks_busy_time():
+    import numpy as np
+
+    from artemisd.verify import fast_pace
+
+    assert fast_pace(np.array([8.0, 54.0])) == 8.0  # two ranks: not half the straggler's time
+    assert fast_pace(np.array([8.0, 54.0, 9.0])) == 8.0
+    assert fast_pace(np.array([8.0])) is None  # no rank the fault spares
+    assert fast_pace(None) is None
+
+
+def test_recovery_is_judged_at_the_machines_pace_then():
+    # Healthy 9574 samples/s with the fast ranks at 7.5 ms of busy time per step; after
+    # the fix the whole machine is loaded (fast ranks at 9.6 ms): 7123 is 74 % of healthy
+    # but 95 % of what a healthy job makes at that pace.
+    after = [shape(s, t, pace=9.6) for s, t in enumerate([7392.0, 5760.0, 8312.0, 6854.0])]
+    v = verify(9574.0, after, 4, 0.85, healthy_pace=7.5)
+    assert v.done and v.recovered is True and v.after == 7123.0
+    assert round(v.expected) == 7480 and "74 %" in v.note and "95 %" in v.note
+    # Without the pace (a job-wide subject) the same windows are judged against healthy as it was.
+    assert verify(9574.0, after, 4, 0.85).recovered is False
+
+
+def test_a_subject_still_slow_is_not_excused_by_the_load_correction():
+    # The fast ranks run at the healthy pace: the job's lost throughput is the subject's.
+    after = [shape(s, 1200.0, pace=7.5) for s in range(4)]
+    v = verify(9574.0, after, 4, 0.85, healthy_pace=7.5)
+    assert v.recovered is False and v.expected == 9574.0
