@@ -209,6 +209,18 @@ class Analyzer:
         state = self._jobs.get((job, step))
         return list(state.throughput) if state else []
 
+    def newest_window(self, job: str, step: str = "0") -> int | None:
+        """The newest window any rank of the job has reported, analysed or still waiting for its other ranks.
+
+        A slowed rank's reports can arrive up to ``LATE_WINDOWS`` windows after
+        its peers'; the windows its peers already reported had started by then.
+        """
+        state = self._jobs.get((job, step))
+        if state is None:
+            return None
+        newest = max(state.buffers, default=state.closed_through)
+        return max(newest, state.closed_through) if newest >= 0 else None
+
     def window_shapes(self, job: str, step: str = "0") -> list[verify.WindowShape]:
         """What each recent window of the job measured, and under which shape (ranks, work per step)."""
         state = self._jobs.get((job, step))
@@ -306,7 +318,7 @@ class Analyzer:
         summary = detect.summarize(frame, frame.collectives)
         state.throughput.append((seq, summary.throughput))
         state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps,
-                                                  frame.busy))
+                                                  frame.busy, frame.step))
 
         subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)

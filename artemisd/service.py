@@ -1218,8 +1218,16 @@ class Daemon:
         inc.result = Result(throughput_healthy=_rounded(stored.baseline), throughput_before=_rounded(slowed))
 
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
-        series = self.analyzer.throughput(inc.job, stored.step or "0")
-        return series[-1][0] if series else None
+        """The newest window the job had begun before the action was done: verification starts after it.
+
+        Not the newest *analysed* window: that can lag the job by the windows
+        whose slowed rank has not reported yet, and those ran under the fault.
+        """
+        step = stored.step or "0"
+        series = self.analyzer.throughput(inc.job, step)
+        analysed = series[-1][0] if series else None
+        newest = self.analyzer.newest_window(inc.job, step)
+        return max((w for w in (analysed, newest) if w is not None), default=None)
 
     # --- verify ---------------------------------------------------------------------------------
 
@@ -1259,8 +1267,10 @@ class Daemon:
         full ones, past the window that straddles the action (same run) or the
         warm-up of a requeued job's new run.  Recovery is judged against the
         healthy throughput at the machine's pace then (``verify.verify``) for a
-        subject the job's other ranks do not share (a rank, node or link); a
-        job-wide subject is judged against the healthy throughput as it was.
+        subject the job's other ranks do not share (a rank, node or link), the
+        collectives' own time counted in that pace when the cause cannot be in
+        them (``verify.WORK_ONLY_CAUSES``); a job-wide subject is judged
+        against the healthy throughput as it was.
         ``since`` (a window of the current run): judge on the windows after it
         instead, e.g. the subject's latest healthy stretch.
         """
@@ -1280,7 +1290,8 @@ class Daemon:
             after, unlike, unlike_note = verify.after_windows(shapes, None, healthy, d.verify_warmup_windows)
         local = inc.kind in (IncidentKind.RANK, IncidentKind.NODE, IncidentKind.LINK)
         pace = healthy.pace if healthy is not None and local else None
-        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction, pace)
+        collectives = healthy.collectives if pace is not None and inc.cause.value in verify.WORK_ONLY_CAUSES else None
+        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction, pace, collectives)
         if not verdict.done and len(unlike) >= d.verify_windows:
             verdict = verify.Verification(True, None, stored.baseline, None,
                                           f"{unlike_note}: recovery cannot be judged like with like")

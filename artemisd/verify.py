@@ -25,6 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 BASELINE_WINDOWS = 10
+# Causes whose fault lives in a rank's own work, not in the collectives it joins:
+# their verification may count the collectives' own time as the machine's pace.
+# A host's CPU starvation also slows its share of every gloo collective, and a
+# link or island fault is in the collectives: those are judged on busy time alone.
+WORK_ONLY_CAUSES = frozenset({"gpu.thermal", "gpu.power", "gpu.clocks", "input.loader", "input.storage"})
 # loss_pct (the subject's busy excess per step) and the measured loss of the
 # job's samples/s are two measures of one cost; past this many points apart
 # the incident says why (``loss_evidence``).
@@ -41,6 +46,9 @@ class WindowShape:
     fewer: it is not a full window).  ``pace`` is the busy ms per step of the
     job's fast ranks (the lower quartile over ranks): how fast this machine ran
     work a subject's fault does not slow (``verify``'s load correction).
+    ``collectives`` is the ms per step every rank spends in the collectives
+    themselves: the step minus the slowest rank's busy time, i.e. the wait
+    that is not waiting for a slower rank.
     """
 
     seq: int
@@ -49,14 +57,16 @@ class WindowShape:
     samples_per_step: float | None
     steps: float
     pace: float | None = None
+    collectives: float | None = None
 
     @classmethod
     def of(cls, seq: int, throughput: float, world: int, samples: np.ndarray, steps: np.ndarray,
-           busy: np.ndarray | None = None) -> WindowShape:
+           busy: np.ndarray | None = None, step: np.ndarray | None = None) -> WindowShape:
         counted = samples[np.isfinite(samples)]
         median_steps = float(np.median(steps)) if steps.size else 0.0
         batch = round(float(np.sum(counted)) / median_steps, 3) if counted.size and median_steps > 0 else None
-        return cls(seq, float(throughput), int(world), batch, median_steps, fast_pace(busy))
+        return cls(seq, float(throughput), int(world), batch, median_steps, fast_pace(busy),
+                   collective_time(step, busy))
 
     def like(self, other: WindowShape) -> bool:
         """Same rank count and the same global batch, give or take one short batch in the window.
@@ -88,6 +98,16 @@ def fast_pace(busy: np.ndarray | None) -> float | None:
     return float(np.quantile(finite, 0.25, method="lower"))
 
 
+def collective_time(step: np.ndarray | None, busy: np.ndarray | None) -> float | None:
+    """ms per step in the collectives themselves: the job's median step minus its slowest rank's busy (>= 0)."""
+    if step is None or busy is None:
+        return None
+    steps, busies = step[np.isfinite(step)], busy[np.isfinite(busy)]
+    if not steps.size or not busies.size:
+        return None
+    return max(0.0, float(np.median(steps)) - float(np.max(busies)))
+
+
 def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None,
                   depth: int = BASELINE_WINDOWS) -> WindowShape | None:
     """The job's healthy shape before the onset (what verification compares with).
@@ -104,10 +124,12 @@ def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None,
     same = [w for w in before if w.world == last.world][-depth:]
     batches = [w.samples_per_step for w in same if w.samples_per_step is not None]
     paces = [w.pace for w in same if w.pace is not None]
+    collectives = [w.collectives for w in same if w.collectives is not None]
     return WindowShape(last.seq, float(np.median([w.throughput for w in same])), last.world,
                        round(float(np.median(batches)), 3) if batches else last.samples_per_step,
                        float(np.median([w.steps for w in same])),
-                       float(np.median(paces)) if paces else None)
+                       float(np.median(paces)) if paces else None,
+                       float(np.median(collectives)) if collectives else None)
 
 
 def after_windows(shapes: Sequence[WindowShape], action_window: int | None, healthy: WindowShape | None,
@@ -218,7 +240,7 @@ def loss_evidence(loss_pct: float | None, healthy: float | None, slowed: float |
 
 
 def verify(before: float | None, after: Sequence[float | WindowShape], need: int, fraction: float,
-           healthy_pace: float | None = None) -> Verification:
+           healthy_pace: float | None = None, healthy_collectives: float | None = None) -> Verification:
     """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action.
 
     Judged on the median of the first ``need`` windows after the action::
@@ -232,6 +254,15 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
     a healthy job would have lost (or gained) that much throughput too.
     Without both paces (``healthy_pace`` None: a job-wide subject, whose fault
     may be exactly what slows every rank) ``expected`` is ``before``.
+
+    With ``healthy_collectives`` the pace is a step's work the fault does
+    not touch: the fast ranks' busy time *plus* the collectives' own time
+    (``collective_time``).  On a loaded machine the collectives slow down
+    as much as the work (gloo moves tensors on the CPU, a shared fabric
+    gets busy), and a healthy job would lose that too.  The caller gives it
+    only for a subject whose fault cannot be in the collectives (a GPU, an
+    input pipeline); the slowest rank's excess over the fast ranks is never
+    part of the pace, so a subject that is still slow is never excused.
     """
     window = list(after)[:need]
     if len(window) < need:
@@ -243,12 +274,18 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
         return Verification(True, None, before, measured,
                             "no healthy baseline before the incident: recovery cannot be judged")
     expected, load = before, ""
-    paces = [w.pace for w in window if isinstance(w, WindowShape) and w.pace is not None and w.pace > 0]
+    shapes = [w for w in window if isinstance(w, WindowShape)]
+    paces = [w.pace for w in shapes if w.pace is not None and w.pace > 0]
     if healthy_pace is not None and healthy_pace > 0 and len(paces) == len(window):
-        factor = float(np.median(paces)) / healthy_pace
+        what, healthy = "busy time", healthy_pace
+        with_collectives = healthy_collectives is not None and all(w.collectives is not None for w in shapes)
+        if with_collectives:
+            what, healthy = "busy time plus collectives", healthy_pace + healthy_collectives
+            paces = [w.pace + w.collectives for w in shapes]
+        factor = float(np.median(paces)) / healthy
         expected = before / factor
-        load = (f"; the job's fast ranks ran {factor:.2f}x the healthy busy time per step "
-                f"({float(np.median(paces)):.1f} vs {healthy_pace:.1f} ms): at that pace a healthy job "
+        load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
+                f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms): at that pace a healthy job "
                 f"makes {expected:.1f}, and {measured:.1f} is {100.0 * measured / expected:.0f} % of it")
     recovered = measured >= fraction * expected
     return Verification(True, recovered, before, measured,

@@ -536,8 +536,10 @@ def test_each_rung_is_tried_once_then_a_person_is_told(tmp_path):
 
 def test_resolved_always_means_recovered(tmp_path):
     """The fix took (the subject is its peers' speed again) but the job's throughput is not back
-    (its collectives slowed, not its ranks): verification says unresolved, and the subject's
+    (another rank now holds every step back): verification says unresolved, and the subject's
     recovery does not turn that into a resolved incident whose result says not recovered."""
+    other_slow = [62.0 if r == 5 else 50.0 for r in range(WORLD)]
+
     async def scenario():
         conf = "PartitionPolicy=gpu Auto=correct Approve=drain,requeue,escalate\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
@@ -545,7 +547,7 @@ def test_resolved_always_means_recovered(tmp_path):
             await h.windows(range(8, 12), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
             await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}", json={"status": "done", "detail": "-rac"})
-            await h.windows(range(12, 20), HEALTHY, comm_ms=120.0)
+            await h.windows(range(12, 20), other_slow)
             for inc in await h.incidents():
                 if inc["state"] == "resolved":
                     assert inc["result"]["recovered"] is True, inc
@@ -556,4 +558,60 @@ def test_resolved_always_means_recovered(tmp_path):
             await h.windows(range(20, 26), HEALTHY)
             first = (await h.incidents())[0]
             assert first["state"] == "resolved" and first["result"]["recovered"] is True, first
+    run(scenario)
+
+
+def test_verification_starts_after_the_windows_a_slowed_rank_had_not_reported_yet(tmp_path):
+    """A throttled rank's reports arrive windows late: when the correction is done the daemon
+    has analysed only up to window 11, while the other ranks have reported 12 and 13, which
+    ran under the fault.  Those windows must not judge the correction."""
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=correct,escalate Approve=drain,requeue\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            late = {seq: lockstep(seq, SLOW_BUSY, nodes=NODES, gpu=SLOW_CLOCKS) for seq in (12, 13)}
+            for seq, window in late.items():  # every rank but the slowed one reports on time
+                h.clock.now += 10
+                await h.post([r for r in window if r.rank != SLOW_RANK])
+                await h.daemon.run_once()
+            [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
+            await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}", json={"status": "done", "detail": "-rac"})
+            for window in late.values():  # the slowed rank catches up: slow windows, after the correction
+                await h.post([r for r in window if r.rank == SLOW_RANK])
+                await h.daemon.run_once()
+            # Window 14 straddles the correction; 15 and 16 are the first measured after it.
+            await h.windows(range(14, 17), HEALTHY)
+            [inc] = [i for i in await h.incidents() if i["cause"] == "gpu.clocks"]
+            verdicts = [(a["who"], a["what"], a["why"]) for a in (await h.show(inc["id"]))["audit"]
+                        if a["who"] == "verify"]
+            assert verdicts[:1] and verdicts[0][1] == "resolved", verdicts
+            assert inc["state"] == "resolved" and inc["result"]["recovered"] is True, inc
+            healthy_rate = inc["result"]["throughput_healthy"]
+            assert inc["result"]["throughput_after"] == pytest.approx(healthy_rate, rel=0.01), inc
+    run(scenario)
+
+
+def test_a_fixed_gpu_on_a_loaded_machine_is_recovered_and_nobody_is_told(tmp_path, smtp):
+    """After the correction the subject is its peers' speed again, while the machine got busier:
+    every rank's work 10 % slower and the collectives 60 % slower (gloo on a loaded CPU).  A
+    healthy job would be as slow; the correction is judged recovered at that pace, and the next
+    rung (a drain needing a person) is never reached."""
+    loaded = [55.0] * WORLD
+
+    async def scenario():
+        conf = (f"PartitionPolicy=gpu Auto=correct,escalate Approve=drain,requeue\n"
+                f"MailRelay={smtp[1]}\nMailTo=ops@example.org\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await h.windows(range(0, 8), HEALTHY)
+            await h.windows(range(8, 12), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [cor] = (await (await h.client.get("/v1/nodes/n1/corrections")).json())["corrections"]
+            await h.client.post(f"/v1/nodes/n1/corrections/{cor['id']}", json={"status": "done", "detail": "-rac"})
+            await h.windows(range(12, 18), loaded, comm_ms=32.0)
+            [inc] = [i for i in await h.incidents() if i["cause"] == "gpu.clocks"]
+            assert inc["state"] == "resolved" and inc["result"]["recovered"] is True, inc
+            assert inc["result"]["throughput_after"] < 0.85 * inc["result"]["throughput_healthy"]
+            kinds = [a["kind"] for a in (await h.show(inc["id"]))["actions"]]
+            assert kinds == ["correct"], kinds
+            assert smtp[0].messages == []
     run(scenario)
