@@ -111,6 +111,11 @@ class RankHistory:
         Ratios to the island median are immune to what slows the whole job, so
         they are kept even while a job-wide incident is open; absolute busy
         times are not, and are kept only from windows where the job was clean.
+        A pair's comm_wait is kept like the ratios: a job-wide rise can only
+        raise the usual wait the pair rule subtracts, which makes that rule
+        harder to meet, never easier; and on a loaded machine the job-wide
+        check fires often enough in a young job that a pair would otherwise
+        not collect ``PAIR_MIN_WINDOWS`` of them before its fault.
 
         ``reference_healthy`` narrows ``healthy`` for the ratios and comm_wait:
         in an island of two the reference is the other rank, and a healthy rank
@@ -124,7 +129,7 @@ class RankHistory:
             self._wait = np.full(self._busy.shape, np.nan, dtype=np.float32)
             self._next["_wait"] = np.zeros(self._busy.shape[1], dtype=np.int64)
         for name, values, keep, rows in (("_ratios", ratios, True, ref), ("_busy", busy, job_clean, healthy),
-                                         ("_wait", comm_wait, job_clean, ref)):
+                                         ("_wait", comm_wait, True, ref)):
             buffer = getattr(self, name)
             if buffer is None or values is None or not keep:
                 continue

@@ -197,3 +197,24 @@ def test_pair_history_follows_ranks_that_report_late():
     b = h.baseline().at(np.array([0, 1]))
     assert list(b.comm_wait) == [20.0, 30.0] and list(b.busy) == [100.0, 90.0]
     assert b.ratio_spread is not None and np.isfinite(b.ratio_spread).all()
+
+
+def test_a_young_pair_whose_job_was_briefly_slow_still_names_its_slowed_rank():
+    # Six healthy windows, as in the probe's 2-rank stack test, of which the
+    # 4th and 5th ran 30 % slower on both ranks (the machine was busy): the
+    # job-wide check flags them, yet they are healthy windows of the pair.
+    # Rank 1 then sleeps 100 ms before every step.
+    rng = np.random.default_rng(3)
+    windows = []
+    for seq in range(10):
+        busy = 10.0 * (1 + rng.uniform(-0.05, 0.05, size=(8, 2)))
+        if seq in (3, 4):
+            busy *= 1.3
+        if seq >= 6:
+            busy[:, 1] += 100.0
+        windows.append(stepwise(seq, busy, comm_ms=2.0, nodes=["n0", "n1"]))
+    analyzer = Analyzer()
+    run(analyzer, windows)
+    named = [(i.kind.value, i.rank) for i in analyzer.incidents
+             if i.confirmed_window is not None and i.kind.value != "job"]
+    assert named == [("rank", 1)], analyzer.incidents
