@@ -19,7 +19,7 @@ Rules, strongest first (confidence in brackets):
   limit below the default → ``gpu.power`` [0.85]; SM clock well below peers'
   with no reason given → ``gpu.clocks`` [0.8].
 * host — CPU steal, cgroup CPU-quota throttling, involuntary context switches
-  or process CPU share clearly off the peers' → ``host.cpu`` [0.7–0.8].
+  or a process CPU share clearly below the peers' → ``host.cpu`` [0.7–0.8].
 * matched probe — identical GEMM slow → GPU class only (+0.1); identical
   work at peer speed → GPU readings below 0.85 −0.1, and host/input +0.05
   unless a device names a hardware throttle reason (≥ 0.85), which keeps
@@ -191,10 +191,14 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
                                      note="involuntary context switches: CPU contention"))
     if np.isfinite(cpu) and np.isfinite(peer_cpu) and peer_cpu > 0:
         measured = True
-        if abs(cpu - peer_cpu) / peer_cpu >= CPU_SHARE_DELTA:
+        # Only a *smaller* share: a straggler whose extra busy time is CPU work
+        # uses more CPU than peers that sleep in a collective waiting for it --
+        # a consequence of being slow, not a cause.  Contention is the rank
+        # that is runnable and gets less CPU than its peers.
+        if (peer_cpu - cpu) / peer_cpu >= CPU_SHARE_DELTA:
             score = max(score, 0.7)
             evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
-                                     note="process CPU share differs from peers'"))
+                                     note="process CPU share below its peers': runnable, not running"))
     throttled, peer_throttled = _median(tel["cpu_throttled_pct"][rows]), _median(tel["cpu_throttled_pct"][peers])
     if np.isfinite(throttled) and np.isfinite(peer_throttled):
         measured = True

@@ -186,7 +186,9 @@ def apply_telemetry(fault: ActiveFault, mean_inten: float, tel: Telemetry, rng: 
     elif cause == "host.cpu":
         assert fault.node is not None
         n = fault.node
-        tel.cpu_pct[n] = min(100.0, tel.cpu_pct[n] + 60.0 * mean_inten)
+        # The probe's cpu_pct is the rank's own CPU share: a contended rank is
+        # runnable and gets less of the CPU than its peers.
+        tel.cpu_pct[n] = max(0.0, tel.cpu_pct[n] * (1.0 - 0.6 * min(1.0, mean_inten)))
         if fault.variant == "steal":
             tel.steal_pct[n] += (4.0 + 50.0 * m) * mean_inten
         else:

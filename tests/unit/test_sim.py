@@ -107,10 +107,12 @@ def test_host_cpu_slows_the_ranks_of_one_node_and_shows_on_its_host():
     windows, _, truth = _one("host.cpu", node=2, variant="contention")
     (fault,) = truth["faults"]
     assert fault["kind"] == "node" and fault["ranks"] == list(range(16, 24)) and fault["node"] == "n00002"
-    during = windows[("7", 10)]
+    during, before = windows[("7", 10)], windows[("7", 0)]
     for r in range(16, 24):
         assert _busy_ratio(during, r) == pytest.approx(1.2, abs=0.03)
-        assert during[r].host.cpu_pct > 80 and during[r].host.ctx_invol_per_s > 5 * during[0].host.ctx_invol_per_s
+        # Contended: runnable, and getting a smaller CPU share than before.
+        assert during[r].host.cpu_pct < 0.8 * before[r].host.cpu_pct
+        assert during[r].host.ctx_invol_per_s > 5 * during[0].host.ctx_invol_per_s
 
 
 def test_input_faults_show_as_data_time():
