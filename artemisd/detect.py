@@ -23,6 +23,10 @@ waits for a straggler can never be flagged here, by construction.
    median step time is compared with its healthy baseline; the rise is split
    into busy (compute/input) and comm_wait (communication).
 
+A flagged rank far less slow than another flagged rank of the same window
+(under ``MASK_FRACTION`` of its excess) is *masked* (``masked_rows``): the job
+waits for the slower one, so the smaller excess costs nothing now.
+
 3. **An island of two** (a 2-rank job, or two ranks of one make in a mixed
    job) has no peer median: each rank's one peer is the other rank, and which
    of two is "normal" only history can say.  A rank A with partner B is
@@ -60,6 +64,7 @@ from artemisd.frame import WindowFrame
 MAD_TO_SIGMA = 1.4826
 SIGMA_FLOOR = 0.005  # relative to the island median
 MIN_BASELINE_WINDOWS = 3
+MASK_FRACTION = 0.1  # a flagged excess under this share of the window's largest is hidden behind it
 
 
 @dataclass
@@ -148,6 +153,27 @@ def detect_ranks(
         flagged |= pair_flagged
         steady = np.where(partner >= 0, pair_steady, steady)
     return RankFlags(median, sigma, ratio, judged, z, flagged, steady, partner)
+
+
+def masked_rows(frame: WindowFrame, flags: RankFlags) -> np.ndarray:
+    """Flagged rows whose busy excess is under ``MASK_FRACTION`` of the window's largest flagged excess.
+
+    In lockstep the job waits for its slowest rank: a rank 2 ms over its
+    peers costs the job nothing while another is 100 ms over them (its
+    ``loss_pct`` would say 1 %; what the job loses to it is 0), and on a
+    loaded machine such small excesses come and go with the neighbours.  A
+    masked rank is neither flagged nor healthy in that window: not confirmed
+    on it, not learnt from, not counted as recovered.  Once the slower rank
+    is fixed it is judged on its own again.  Two faults of comparable size
+    never mask each other.
+    """
+    masked = np.zeros(frame.size, dtype=bool)
+    rows = flags.rows
+    if rows.size < 2:
+        return masked
+    excess = frame.busy[rows] - flags.island_median[rows]
+    masked[rows] = excess < MASK_FRACTION * float(np.max(excess))
+    return masked
 
 
 def pair_partners(frame: WindowFrame, counts: np.ndarray | None = None) -> np.ndarray:

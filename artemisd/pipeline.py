@@ -313,7 +313,8 @@ class Analyzer:
         if baseline is not None:
             baseline = baseline.at(frame.rank)
         flags = detect.detect_ranks(frame, s, baseline)
-        rows = flags.rows
+        masked = detect.masked_rows(frame, flags)
+        rows = np.flatnonzero(flags.flagged & ~masked) if masked.any() else flags.rows
 
         summary = detect.summarize(frame, frame.collectives)
         state.throughput.append((seq, summary.throughput))
@@ -334,7 +335,10 @@ class Analyzer:
         excess += [w.incident.excess_ms or 0.0 for w in state.open.values()
                    if w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT]
         straggler_ms = STRAGGLER_SLACK * max(excess, default=0.0)
-        inconclusive: set[Hashable] = set()
+        # A masked rank under watch is neither flagged nor healthy this window.
+        inconclusive: set[Hashable] = {key for row in np.flatnonzero(masked).tolist()
+                                       for key in (("rank", int(frame.rank[row])),
+                                                   ("node", frame.node_names[int(frame.node[row])]))}
         if job_flag is not None and job_flag.step_ms - job_flag.baseline_step_ms <= straggler_ms:
             job_flag = None
             inconclusive.add(("job",))

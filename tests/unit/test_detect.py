@@ -116,3 +116,23 @@ def test_throughput_is_samples_per_second_of_the_whole_job():
     f = frame([100] * 4, comm_ms=0, samples_per_step=10)
     # 4 ranks × 10 samples per 100 ms step = 400 samples/s.
     assert summarize(f).throughput == 400.0
+
+
+def test_a_small_excess_behind_a_far_slower_rank_waits_until_that_rank_is_fixed():
+    # Rank 5 is 6 % slower than its peers (3 ms); rank 2 is 100 ms slower.  The
+    # job waits for rank 2: rank 5 costs nothing yet and is not confirmed on it.
+    # Once rank 2 is healthy again, rank 5's excess is what holds the job back.
+    from artemisd.pipeline import Analyzer
+    from tests.unit.windows import lockstep, run
+
+    healthy = [50.0] * 8
+    both = [150.0 if r == 2 else 53.0 if r == 5 else 50.0 for r in range(8)]
+    only_5 = [53.0 if r == 5 else 50.0 for r in range(8)]
+    windows = [lockstep(s, healthy) for s in range(8)] + [lockstep(s, both) for s in range(8, 14)]
+    analyzer = Analyzer()
+    run(analyzer, windows)
+    assert [i.rank for i in analyzer.incidents if i.confirmed_window is not None] == [2]
+    analyzer = Analyzer()
+    run(analyzer, windows + [lockstep(s, only_5) for s in range(14, 20)])
+    confirmed = {i.rank: i for i in analyzer.incidents if i.confirmed_window is not None}
+    assert sorted(confirmed) == [2, 5] and confirmed[5].onset_window >= 14, analyzer.incidents
