@@ -853,6 +853,11 @@ class Daemon:
         """Is this evidence line a signal that differs, beyond the slowdown itself?"""
         if e.signal in SLOWDOWN_SIGNALS:
             return False
+        if e.signal == "probe.p2p_ms":
+            # Probes that agree on a link make the cause comm.link; on an unknown
+            # incident these are the ring timings that did not agree
+            # (confirm.agree_on_link): one noisy measurement each, not a finding.
+            return False
         if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
             # Identical work at peer speed says what is *not* wrong.
             return e.peers > 0 and e.value / e.peers >= 1.0 + self.config.analysis.min_slowdown

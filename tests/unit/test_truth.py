@@ -185,10 +185,12 @@ def test_probes_that_disagree_escalate_what_is_known_and_drain_nothing(tmp_path,
 
     async def scenario():
         conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
-                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+                "UnknownEscalateAfter=2m\nPartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
-            # Two probes disagree, the third (asked for at once) never answers: after
-            # ProbeTimeout a person is told what is known.
+            # Two probes disagree, the third (asked for at once) never answers: no link is
+            # named, and disagreeing ring timings are no deviating signal, so a person is
+            # told what is known once the slowdown has lasted UnknownEscalateAfter and costs
+            # UnknownEscalateLoss (comm 20 -> 40 ms: 22 % of samples/s).
             await _degraded_link(h, ["n2", "n1"], range(0, 40))
             assert not any(n.drained for n in h.slurm.nodes.values())
             [inc] = await h.incidents()
@@ -356,6 +358,9 @@ def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_
             assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
             assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
             assert h.daemon._deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
+            # Nor do ring timings that no second probe agreed with (agreeing ones name comm.link).
+            assert not h.daemon._deviates(Evidence(signal="probe.p2p_ms", value=30.0, peers=5.0,
+                                                   note="ring transfers touching n1 are 6.0x slower"))
             # Now it costs 30 % (busy 80 vs 50: step 100 ms vs 70) and has lasted > 2 min: a person is told.
             await h.windows(range(30, 34), [80.0 if r == 2 else 50.0 for r in range(WORLD)])
             [inc] = await h.incidents()
