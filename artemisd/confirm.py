@@ -30,7 +30,7 @@ keeps coming back is still confirmed.
 pipeline can ask the job's probes to run identical work on every rank (a
 fixed GEMM, a fixed island all-reduce, a point-to-point ring).
 ``judge_probe`` reads those results: slow on identical GEMM work → the device;
-slow transfers on the links touching one node → that link (for a rank or node
+slow transfers on every link touching one node, and on no other → that link (for a rank or node
 subject only when it is the subject's node: evidence is about the incident's
 subject); normal on identical work yet slow in training → host or input.  The verdict is evidence for
 localisation and the root-independent corroboration the daemon needs before a
@@ -179,8 +179,12 @@ def judge_probe(
         if slow_gemm:
             return ProbeJudgement(ProbeVerdict.DEVICE, tuple(evidence))
     # Ring pairs between two nodes: a node is the common end of the slow links
-    # when the pairs touching it are slow and the pairs that do not touch it are
-    # not.  (A pair within one node crosses no network link: left out.)
+    # when *every* pair touching it is slower than *every* pair that does not
+    # (by 1 + 2 x MinSlowdown).  A bad link slows each transfer over it; one
+    # pair slowed by a preempted end (a loaded host) slows only itself, and
+    # must not be read as the link of whichever of its two ends the medians
+    # happen to favour.  (A pair within one node crosses no network link:
+    # left out.)
     hops: list[tuple[frozenset[str], float]] = []
     for rank, result in results.items():
         for hop in result.p2p:
@@ -191,21 +195,23 @@ def judge_probe(
     if len(nodes) >= 3:
         contrast = {}
         for node in nodes:
-            touching = _median([ms for ends, ms in hops if node in ends])
-            elsewhere = _median([ms for ends, ms in hops if node not in ends])
-            if np.isfinite(touching) and np.isfinite(elsewhere) and elsewhere > 0:
+            near = [ms for ends, ms in hops if node in ends]
+            far = [ms for ends, ms in hops if node not in ends]
+            if near and far and max(far) > 0 and min(near) / max(far) >= 1.0 + 2 * slowdown:
+                touching, elsewhere = _median(near), _median(far)
                 contrast[node] = (touching / elsewhere, touching, elsewhere)
         if contrast:
             worst = max(contrast, key=lambda n: contrast[n][0])
             factor, touching, elsewhere = contrast[worst]
             subject_nodes = {node_of.get(r) for r in suspects}
-            if factor >= 1.0 + 2 * slowdown and (not suspects or worst in subject_nodes):
+            if not suspects or worst in subject_nodes:
                 # A slow link elsewhere is not evidence about this subject (a GPU
                 # clock incident on n2 must not carry "n1's link"); a job-wide
                 # slowdown, with no suspects, is about the links themselves.
                 evidence.append(Evidence(
                     signal="probe.p2p_ms", value=round(touching, 3), peers=round(elsewhere, 3),
-                    note=f"ring transfers touching {worst} are {factor:.1f}x slower than the others: its link"))
+                    note=f"ring transfers touching {worst} are {factor:.1f}x slower than the others, each "
+                         f"slower than any other: its link"))
                 return ProbeJudgement(ProbeVerdict.LINK, tuple(evidence), node=worst)
     if evidence:
         return ProbeJudgement(ProbeVerdict.NORMAL, tuple(evidence))

@@ -95,3 +95,16 @@ def test_link_on_a_three_node_ring():
     results = {0: probe("P", 10, [(1, 200.0)]), 1: probe("P", 10, [(2, 210.0)]), 2: probe("P", 10, [(0, 1.0)])}
     judgement = judge_probe(results, set(), {0: "n0", 1: "n1", 2: "n2"}, 0.5)
     assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"
+
+
+def test_one_slow_pair_on_a_loaded_host_names_no_link():
+    # Three nodes, pairs n0-n1, n1-n2, n2-n0.  Only the n0-n1 round trip is slow (an end
+    # was preempted): n0 and n1 each have a normal pair too, so neither link is bad.
+    three = {0: "n0", 1: "n1", 2: "n2"}
+    results = {0: probe("P", 10, [(1, 12.5)]), 1: probe("P", 10, [(2, 5.0)]), 2: probe("P", 10, [(0, 5.2)])}
+    judgement = judge_probe(results, set(), three, 0.04)
+    assert judgement.verdict is not ProbeVerdict.LINK, judgement
+    # Both pairs of n1 slow, the third not: that is n1's link.
+    results = {0: probe("P", 10, [(1, 12.5)]), 1: probe("P", 10, [(2, 11.0)]), 2: probe("P", 10, [(0, 5.2)])}
+    judgement = judge_probe(results, set(), three, 0.04)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"
