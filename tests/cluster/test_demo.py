@@ -38,9 +38,6 @@ def percentages(incident: dict) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float))]
 
 
-@pytest.mark.skip(reason="issue 13 open: in 3 runs on 2026-12-03 the requeued job's thermal drain ended "
-                         "escalated with no throughput_after (verification could not judge the new run), and "
-                         "the clock incident once ended 'resolved' with result.recovered False (77 % of healthy)")
 def test_faults_end_verified_and_the_hot_node_stays_drained(seen):
     clocks, thermal, loader = seen.incidents
     assert clocks["cause"] == "gpu.clocks" and clocks["state"] == "resolved", clocks
