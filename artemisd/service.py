@@ -853,10 +853,12 @@ class Daemon:
         """Is this evidence line a signal that differs, beyond the slowdown itself?"""
         if e.signal in SLOWDOWN_SIGNALS:
             return False
-        if e.signal == "probe.p2p_ms":
-            # Probes that agree on a link make the cause comm.link; on an unknown
-            # incident these are the ring timings that did not agree
-            # (confirm.agree_on_link): one noisy measurement each, not a finding.
+        if e.signal in ("probe.p2p_ms", "net_retransmits_per_s"):
+            # Link hints that name no link.  Probes that agree on one make the
+            # cause comm.link; on an unknown incident these are ring timings no
+            # second probe agreed with (confirm.agree_on_link), or a node's
+            # retransmit counter, which the *senders* to a slow link count (a
+            # loaded host's TCP retransmits too): not a finding.
             return False
         if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
             # Identical work at peer speed says what is *not* wrong.

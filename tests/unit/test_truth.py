@@ -358,9 +358,11 @@ def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_
             assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
             assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
             assert h.daemon._deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
-            # Nor do ring timings that no second probe agreed with (agreeing ones name comm.link).
+            # Nor do ring timings that no second probe agreed with (agreeing ones name comm.link),
+            # nor a node's retransmit counter (the senders to a slow link count them).
             assert not h.daemon._deviates(Evidence(signal="probe.p2p_ms", value=30.0, peers=5.0,
                                                    note="ring transfers touching n1 are 6.0x slower"))
+            assert not h.daemon._deviates(Evidence(signal="net_retransmits_per_s", value=10.4, peers=1.8))
             # Now it costs 30 % (busy 80 vs 50: step 100 ms vs 70) and has lasted > 2 min: a person is told.
             await h.windows(range(30, 34), [80.0 if r == 2 else 50.0 for r in range(WORLD)])
             [inc] = await h.incidents()
@@ -372,8 +374,10 @@ def test_an_escalation_is_followed_up_when_the_probes_name_the_link_later(tmp_pa
     box, relay = smtp
 
     async def scenario():
+        # Retransmits name no link: the unknown slowdown (22 % of samples/s) is escalated
+        # once it has lasted UnknownEscalateAfter.
         conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
-                "PartitionPolicy=gpu Auto=escalate\n")
+                "UnknownEscalateAfter=2m\nPartitionPolicy=gpu Auto=escalate\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             pending: list[str] = []
             seen: set[str] = set()
