@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .artemis import Mailbox
 from .munge import Munged
 from .slurm import SlurmCluster
 
@@ -55,3 +56,10 @@ def clean_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session cluster, reset (jobs cancelled, faults lifted, nodes resumed) after the test."""
     yield slurm_cluster
     slurm_cluster.reset()
+
+
+@pytest.fixture(scope="module")
+def mailbox() -> Iterator[Mailbox]:
+    """A loopback SMTP server for one test module's artemisd (``scenario.module_daemon``)."""
+    with Mailbox() as box:
+        yield box

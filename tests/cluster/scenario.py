@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .artemis import ArtemisDaemon
+from . import faults
+from .artemis import ArtemisDaemon, Mailbox
 from .procs import ClusterError, tail, wait_until
 from .slurm import SlurmCluster
 
@@ -37,6 +39,16 @@ ProbeMaxPerHour=100
 EvidenceMaxAge=5m
 PartitionPolicy=main Auto=correct,rebalance,drain,requeue,escalate MaxDrainFraction=0.5 MaxDrainsPerHour=100 Cooldown=1
 """
+
+
+@contextmanager
+def module_daemon(cluster: SlurmCluster, conf: str, mailbox: Mailbox | None) -> Iterator[ArtemisDaemon]:
+    """One artemisd for a test module, on healthy emulated GPUs; its state is wiped afterwards
+    (every module's daemon uses the cluster's one artemisd directory)."""
+    faults.write_healthy_gpus(cluster)
+    with ArtemisDaemon(cluster, conf, mailbox) as daemon:
+        yield daemon
+    daemon.wipe_state()
 
 
 def batch_script(cluster: SlurmCluster, args: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
-from .scenario import DAEMON_CONF, TrainingJob, wait_for
+from .scenario import DAEMON_CONF, TrainingJob, module_daemon, wait_for
 from .slurm import SlurmCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -26,17 +26,9 @@ FAULTY_RANK = 1  # one task per node: rank 1 runs on the job's second node
 
 
 @pytest.fixture(scope="module")
-def mailbox() -> Iterator[Mailbox]:
-    with Mailbox() as box:
-        yield box
-
-
-@pytest.fixture(scope="module")
 def artemisd(slurm_cluster: SlurmCluster, mailbox: Mailbox) -> Iterator[ArtemisDaemon]:
-    faults.write_healthy_gpus(slurm_cluster)
-    with ArtemisDaemon(slurm_cluster, DAEMON_CONF, mailbox) as daemon:
+    with module_daemon(slurm_cluster, DAEMON_CONF, mailbox) as daemon:
         yield daemon
-    daemon.wipe_state()
 
 
 @pytest.fixture
