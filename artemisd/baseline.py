@@ -27,6 +27,10 @@ class RankBaseline:
     ``busy``         median busy time, ms per step.
     ``spread``       the rank's own window-to-window variability of busy, as a
                      relative robust sigma (1.4826 x MAD / median).
+    ``peer_spread``  the window-to-window variability of the rank's ratio to
+                     its island median, relative robust sigma: how far this
+                     rank strays from its peers in healthy windows (on a
+                     loaded host, ±5-10 % from one window to the next).
     NaN where fewer than ``min_windows`` healthy windows are known.
 
     Kept only for jobs with an island of two (``RankHistory.record`` given
@@ -47,6 +51,7 @@ class RankBaseline:
     ranks: np.ndarray | None = None  # sorted
     ratio_spread: np.ndarray | None = None
     comm_wait: np.ndarray | None = None
+    peer_spread: np.ndarray | None = None
 
     def at(self, ranks: np.ndarray) -> RankBaseline:
         """The baseline of ``ranks`` (NaN for a rank never seen healthy), row for row."""
@@ -55,7 +60,7 @@ class RankBaseline:
         if self.ranks.size == 0:
             empty = np.full(ranks.size, np.nan)
             pairs = empty if self.comm_wait is not None else None
-            return RankBaseline(empty, empty, empty, None, pairs, pairs)
+            return RankBaseline(empty, empty, empty, None, pairs, pairs, empty)
         idx = np.minimum(np.searchsorted(self.ranks, ranks), self.ranks.size - 1)
         hit = self.ranks[idx] == ranks
 
@@ -66,7 +71,7 @@ class RankBaseline:
             out[hit] = values[idx[hit]]
             return out
         return RankBaseline(pick(self.usual_ratio), pick(self.busy), pick(self.spread), None,
-                            pick(self.ratio_spread), pick(self.comm_wait))
+                            pick(self.ratio_spread), pick(self.comm_wait), pick(self.peer_spread))
 
 
 # An island of two is judged only against the ranks' own histories: a spread
@@ -177,15 +182,17 @@ class RankHistory:
         if np.any(known):
             deviation = np.abs(self._busy[:, known] - busy[known])
             spread[known] = 1.4826 * _column_medians(deviation, 1) / np.maximum(busy[known], 1e-9)
+        peer_spread = 1.4826 * _column_medians(np.abs(self._ratios - usual), self.min_windows) \
+            / np.maximum(usual, 1e-9)
         if self._wait is None:
-            return RankBaseline(usual, busy, spread, self._ranks)
+            return RankBaseline(usual, busy, spread, self._ranks, peer_spread=peer_spread)
         wait = _column_medians(self._wait, PAIR_MIN_WINDOWS)
         ratio_spread = np.full(world, np.nan)
         paired = np.sum(~np.isnan(self._ratios), axis=0) >= PAIR_MIN_WINDOWS
         if np.any(paired):
             deviation = np.abs(self._ratios[:, paired] - usual[paired])
             ratio_spread[paired] = 1.4826 * _column_medians(deviation, 1) / np.maximum(usual[paired], 1e-9)
-        return RankBaseline(usual, busy, spread, self._ranks, ratio_spread, wait)
+        return RankBaseline(usual, busy, spread, self._ranks, ratio_spread, wait, peer_spread)
 
 
 def _column_medians(values: np.ndarray, min_count: int) -> np.ndarray:

@@ -14,7 +14,10 @@ waits for a straggler can never be flagged here, by construction.
 
    where ``ratio`` is first divided by the rank's own usual ratio (its healthy
    history), so a GPU that has always been 2-3 % slower is judged against
-   itself, not flagged forever.  sigma has a floor of 0.5 % of the median, so
+   itself, not flagged forever; and sigma is at least the rank's own healthy
+   window-to-window spread of that ratio (``peer_spread``) times the median,
+   so a rank that strays ±8 % from its peers on a loaded host needs more than
+   a 5 % excursion.  sigma has a floor of 0.5 % of the median, so
    an island of identical simulated ranks does not make every 0.1 % wobble an
    outlier.
 
@@ -138,6 +141,11 @@ def detect_ranks(
     if baseline is not None:
         usual = np.clip(np.nan_to_num(baseline.usual_ratio, nan=1.0), 1.0, 1.0 + settings.min_slowdown)
         judged = ratio / usual
+        if baseline.peer_spread is not None:
+            # The rank's own noise sets the bar too: an island of three or four
+            # can have a tiny MAD in one window by chance, while this rank
+            # strays from its peers by several percent in healthy windows.
+            sigma = np.maximum(sigma, np.nan_to_num(baseline.peer_spread, nan=0.0) * median)
     z = (frame.busy - median) / sigma
     flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
     if baseline is not None:

@@ -136,3 +136,32 @@ def test_a_small_excess_behind_a_far_slower_rank_waits_until_that_rank_is_fixed(
     run(analyzer, windows + [lockstep(s, only_5) for s in range(14, 20)])
     confirmed = {i.rank: i for i in analyzer.incidents if i.confirmed_window is not None}
     assert sorted(confirmed) == [2, 5] and confirmed[5].onset_window >= 14, analyzer.incidents
+
+
+def test_a_rank_that_strays_from_its_peers_in_healthy_windows_needs_more_than_a_small_excursion():
+    # An island of three: the other two agree to 0.2 ms, so the window's MAD is tiny and a
+    # 5 % excursion looks like 10 sigma.  This rank's ratio to its peers wandered ±5 % in
+    # its healthy windows (a loaded host): 5 % is its noise, 30 % is not.
+    def with_peer_spread(value):
+        from dataclasses import replace
+
+        # Its busy wanders at least as much as its ratio does (the load moves both).
+        return replace(baseline_for(3, usual=[1.0] * 3, busy=[100] * 3, spread=value), peer_spread=np.full(3, value))
+
+    f = frame([100.0, 105.5, 100.2])
+    assert list(detect_ranks(f, SETTINGS, baseline_for(3, usual=[1.0] * 3, busy=[100] * 3)).rows) == [1]
+    assert detect_ranks(f, SETTINGS, with_peer_spread(0.05)).rows.size == 0
+    assert list(detect_ranks(frame([100.0, 130.0, 100.2]), SETTINGS, with_peer_spread(0.05)).rows) == [1]
+
+
+def test_peer_spread_is_the_rank_s_own_ratio_noise():
+    from artemisd.baseline import RankHistory
+
+    history = RankHistory(depth=20)
+    rng = np.random.default_rng(1)
+    ranks = np.arange(3)
+    for _ in range(12):
+        ratios = np.array([1.0, 1.0 + rng.uniform(-0.05, 0.05), 1.0])
+        history.record(ranks, 100 * ratios, ratios, np.ones(3, dtype=bool))
+    spread = history.baseline().peer_spread
+    assert spread[0] == 0.0 and spread[2] == 0.0 and 0.01 < spread[1] < 0.06
