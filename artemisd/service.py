@@ -836,7 +836,7 @@ class Daemon:
         once it has lasted ``UnknownEscalateAfter`` and still costs at least
         ``UnknownEscalateLoss`` % of the job's healthy samples/s.
         """
-        if inc.cause is not Cause.UNKNOWN or any(self._deviates(e) for e in inc.evidence):
+        if inc.cause is not Cause.UNKNOWN or any(self._deviates(e, inc.ratio) for e in inc.evidence):
             return None
         d = self.config.daemon
         lasted = now - stored.created
@@ -849,8 +849,14 @@ class Daemon:
                 f"{d.unknown_escalate_after:.0f}, costs {loss if loss is not None else '?'} % of "
                 f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
 
-    def _deviates(self, e: Evidence) -> bool:
-        """Is this evidence line a signal that differs, beyond the slowdown itself?"""
+    def _deviates(self, e: Evidence, ratio: float | None = None) -> bool:
+        """Is this evidence line a signal that differs, beyond the slowdown itself?
+
+        ``ratio`` is the incident's (busy / the peers' busy): slower identical
+        work on the subject is a finding only when it explains at least half of
+        that excess, as a clock drop must (localize): one GEMM a few percent
+        slower on a loaded host explains nothing of a rank 35 % slower.
+        """
         if e.signal in SLOWDOWN_SIGNALS:
             return False
         if e.signal in ("probe.p2p_ms", "net_retransmits_per_s"):
@@ -862,7 +868,8 @@ class Daemon:
             return False
         if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
             # Identical work at peer speed says what is *not* wrong.
-            return e.peers > 0 and e.value / e.peers >= 1.0 + self.config.analysis.min_slowdown
+            excess = max(0.0, (ratio or 1.0) - 1.0)
+            return e.peers > 0 and e.value / e.peers - 1.0 >= max(self.config.analysis.min_slowdown, 0.5 * excess)
         return True
 
     def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:

@@ -357,6 +357,9 @@ def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_
             from artemisd.incident import Evidence
             assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
             assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
+            # ... unless it explains under half of the subject's excess (a rank 1.35x its peers).
+            assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.6, peers=10.0), 1.35)
+            assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=12.0, peers=10.0), 1.35)
             assert h.daemon._deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
             # Nor do ring timings that no second probe agreed with (agreeing ones name comm.link),
             # nor a node's retransmit counter (the senders to a slow link count them).
