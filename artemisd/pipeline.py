@@ -84,6 +84,7 @@ class _Open:
     probe_id: str | None = None
     probe_waiting: bool = False  # requested, results not yet judged
     judgements: list[ProbeJudgement] = field(default_factory=list)  # job-wide subjects: every probe's
+    comm_bound: bool | None = None  # a job-wide subject: its rise was in the collectives (set when confirmed)
 
 
 @dataclass
@@ -531,6 +532,7 @@ class Analyzer:
         if kind in ("rank", "node"):
             diagnosis = diagnose(o=watched.probe) if watched.probe is not None else diagnose()
         elif kind == "job":
+            watched.comm_bound = context["job_flag"].comm_bound
             job_diag = diagnose_job(context["job_flag"], frame, context["summary"], state.history,
                                     self.settings.confidence_floor, watched.probe)
             diagnosis = job_diag.diagnosis
@@ -620,9 +622,11 @@ class Analyzer:
                                            f"(probes so far named {named}; window {frame.seq})")
             if incident.state is IncidentState.SUSPECT:
                 continue  # the verdicts are used when the incident is confirmed
-            if incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK:
+            if incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK and watched.comm_bound:
                 # Confirmed before the probes came back, with no node to name:
-                # the matched rings have now found the link.
+                # the matched rings have now found the link.  Only for a rise in
+                # the collectives: a link cannot explain every rank's own work
+                # rising (diagnose_job never names one there either).
                 node = watched.probe.node
                 incident.kind, incident.cause, incident.confidence = IncidentKind.LINK, Cause.COMM_LINK, 0.85
                 incident.node = incident.link = node

@@ -141,16 +141,20 @@ def _answer(window, probe_id, slow_node):
     return out
 
 
-async def _degraded_link(h, slow_nodes, windows=range(0, 22)):
+async def _degraded_link(h, slow_nodes, windows=range(0, 22), slowed_busy=None):
     """Healthy windows, then every collective slower; each probe directive answered with
-    ring timings that are slow around the next node of ``slow_nodes``."""
+    ring timings that are slow around the next node of ``slow_nodes``.  ``slowed_busy``:
+    instead of the collectives, every rank's own work slows to it (the machine, not a link)."""
     answers = list(slow_nodes)
     pending: list[str] = []
     seen: set[str] = set()
     for seq in windows:
         h.clock.now += 10
-        window = lockstep(seq, HEALTHY, comm_ms=40.0 if seq >= 8 else 20.0,
-                          host={6: {"net_retransmits_per_s": 60.0}} if seq >= 8 else None)
+        if slowed_busy is not None:
+            window = lockstep(seq, [slowed_busy] * WORLD if seq >= 8 else HEALTHY)
+        else:
+            window = lockstep(seq, HEALTHY, comm_ms=40.0 if seq >= 8 else 20.0,
+                              host={6: {"net_retransmits_per_s": 60.0}} if seq >= 8 else None)
         if pending and answers:
             window = _answer(window, pending.pop(0), answers.pop(0))
         reply = await h.post(window)
@@ -177,6 +181,23 @@ def test_a_degraded_link_is_drained_once_two_probes_agree_and_nobody_was_told_un
             assert h.slurm.nodes["n2"].drained and not h.slurm.nodes["n3"].drained
             assert h.slurm.jobs["100"].excluded_nodes == ("n2",)
             assert box.messages == []  # nobody was told "unknown job" while the probes were out
+    run(scenario)
+
+
+def test_probes_that_agree_name_no_link_for_a_slowdown_of_every_rank_s_own_work(tmp_path, smtp):
+    # Every rank's busy rose (a loaded machine), the collectives did not: two probes whose
+    # ring timings agree on n2 (the loaded host's rank 0 is slow at its ping-pongs) name no link.
+    box, relay = smtp
+
+    async def scenario():
+        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
+                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            probes = await _degraded_link(h, ["n2", "n2"], range(0, 13), slowed_busy=65.0)
+            assert len(probes) == 2
+            incidents = await h.incidents()
+            assert [i["kind"] for i in incidents] == ["job"] and incidents[0]["link"] is None, incidents
+            assert not any(n.drained for n in h.slurm.nodes.values()) and box.messages == []
     run(scenario)
 
 
