@@ -219,8 +219,8 @@ class Analyzer:
         state = self._jobs.get((job, step))
         if state is None:
             return None
-        newest = max(state.buffers, default=state.closed_through)
-        return max(newest, state.closed_through) if newest >= 0 else None
+        newest = max([*state.buffers, state.closed_through])
+        return newest if newest >= 0 else None
 
     def window_shapes(self, job: str, step: str = "0") -> list[verify.WindowShape]:
         """What each recent window of the job measured, and under which shape (ranks, work per step)."""
