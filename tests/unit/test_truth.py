@@ -141,6 +141,12 @@ def _answer(window, probe_id, slow_node):
     return out
 
 
+def link_conf(relay: str, extra: str = "") -> str:
+    """Mail to the admins, probes may corroborate a drain, every rung automatic."""
+    return (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n{extra}"
+            "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+
+
 async def _degraded_link(h, slow_nodes, windows=range(0, 22), slowed_busy=None):
     """Healthy windows, then every collective slower; each probe directive answered with
     ring timings that are slow around the next node of ``slow_nodes``.  ``slowed_busy``:
@@ -170,8 +176,7 @@ def test_a_degraded_link_is_drained_once_two_probes_agree_and_nobody_was_told_un
     box, relay = smtp
 
     async def scenario():
-        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
-                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        conf = link_conf(relay)
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             probes = await _degraded_link(h, ["n2", "n2"], range(0, 13))
             assert len(probes) == 2  # the second one did not wait ProbeMinInterval (300 s)
@@ -190,8 +195,7 @@ def test_probes_that_agree_name_no_link_for_a_slowdown_of_every_rank_s_own_work(
     box, relay = smtp
 
     async def scenario():
-        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
-                "PartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        conf = link_conf(relay)
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             probes = await _degraded_link(h, ["n2", "n2"], range(0, 13), slowed_busy=65.0)
             assert len(probes) == 2
@@ -205,8 +209,7 @@ def test_probes_that_disagree_escalate_what_is_known_and_drain_nothing(tmp_path,
     box, relay = smtp
 
     async def scenario():
-        conf = (f"MailRelay={relay}\nMailTo=hpc-admins@example.org\nHardActionEvidence=root_or_probe\n"
-                "UnknownEscalateAfter=2m\nPartitionPolicy=gpu Auto=drain,requeue,escalate MaxDrainFraction=0.5\n")
+        conf = link_conf(relay, "UnknownEscalateAfter=2m\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             # Two probes disagree, the third (asked for at once) never answers: no link is
             # named, and disagreeing ring timings are no deviating signal, so a person is
