@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from artemisd.decide import drain_reason  # noqa: F401 - the reason format lives with the decision
 from artemisd.slurm.api import REASON_PREFIX, JobInfo, SlurmBackend, SlurmError
 
 # Slurm keeps reasons and comments short in its tables; stay well inside.
-MAX_REASON = 240
 PENDING_POLLS = 40
 PENDING_POLL_S = 0.25
 
@@ -35,16 +35,6 @@ PENDING_POLL_S = 0.25
 class Outcome:
     status: Literal["done", "skipped", "failed", "waiting"]
     detail: str
-
-
-def drain_reason(incident_id: str, cause: str, rank: int | None, ratio: float | None) -> str:
-    """``artemis: INC-17 gpu.clocks rank 2 1.19x``"""
-    parts = [REASON_PREFIX, incident_id, cause]
-    if rank is not None:
-        parts.append(f"rank {rank}")
-    if ratio is not None:
-        parts.append(f"{ratio:.2f}x")
-    return " ".join(parts)[:MAX_REASON]
 
 
 def _merge_features(current: str, extra: str) -> str:

@@ -138,6 +138,7 @@ class AnalysisSettings(_Section):
     job_slowdown: float = Field(default=0.05, gt=0.0, lt=10.0)
     confidence_floor: float = Field(default=0.5, ge=0.0, le=1.0)
     recover_windows: int = Field(default=3, ge=1, le=1000)
+    recur_windows: int = Field(default=30, ge=0, le=100_000)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
@@ -226,6 +227,7 @@ class DaemonSettings(_Section):
     verify_warmup_windows: int = Field(default=3, ge=0, le=1000)
     unknown_escalate_after: Seconds = 600.0
     unknown_escalate_loss: float = Field(default=20.0, ge=0.0, le=100.0)
+    recur_escalate: int = Field(default=3, ge=0, le=1000)
     recovery_fraction: float = Field(default=0.95, gt=0.0, le=2.0)
     retry_backoff: Seconds = 5.0
     retry_backoff_max: Seconds = 600.0
@@ -287,6 +289,9 @@ class PartitionPolicy(_Section):
     max_drain_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
     max_drains_per_hour: int = Field(default=2, ge=0, le=10_000)
     cooldown: Seconds = 900.0
+    checkpoint_interval: Seconds = 1800.0
+    restart_cost: Seconds = 300.0
+    transient_fault_time: Seconds = 600.0
     probe: bool = True
     constraint: str | None = None
 
@@ -348,6 +353,8 @@ KEYS: dict[str, KeySpec] = {
     "JobSlowdown": KeySpec("analysis", "job_slowdown", "job-wide step-time rise vs baseline to flag"),
     "ConfidenceFloor": KeySpec("analysis", "confidence_floor", "below this confidence a cause is 'unknown'"),
     "RecoverWindows": KeySpec("analysis", "recover_windows", "healthy windows that end an incident"),
+    "RecurWindows": KeySpec("analysis", "recur_windows",
+                            "a subject confirmed again within this many windows is a recurrence of its incident"),
     "Listen": KeySpec("daemon", "listen", "HOST:PORT the HTTP API listens on"),
     "StateDir": KeySpec("daemon", "state_dir", "directory of the SQLite state database"),
     "SlurmBackend": KeySpec("daemon", "slurm_backend", "cli (scontrol/sinfo/squeue/sacct) or pyslurm"),
@@ -369,6 +376,8 @@ KEYS: dict[str, KeySpec] = {
                                     "an unknown cause with no deviating signal waits this long before a person is told"),
     "UnknownEscalateLoss": KeySpec("daemon", "unknown_escalate_loss",
                                    "... and must cost at least this % of the job's healthy samples/s"),
+    "RecurEscalate": KeySpec("daemon", "recur_escalate",
+                             "recurrences after which a device that keeps coming back goes to a person (0: never)"),
     "VerifyWarmupWindows": KeySpec("daemon", "verify_warmup_windows",
                                    "first windows of a requeued job left out of verification (warm-up)"),
     "RecoveryFraction": KeySpec("daemon", "recovery_fraction", "share of baseline throughput that counts as recovered"),
@@ -416,6 +425,11 @@ BLOCK_KEYS: dict[str, BlockSpec] = {
         "MaxDrainFraction": KeySpec("policy", "max_drain_fraction", "cap on the share of the partition drained"),
         "MaxDrainsPerHour": KeySpec("policy", "max_drains_per_hour", "drains in any sliding hour"),
         "Cooldown": KeySpec("policy", "cooldown", "minimum time between actions on one node or job"),
+        "CheckpointInterval": KeySpec("policy", "checkpoint_interval",
+                                      "how often jobs checkpoint: a requeue loses half of it on every GPU"),
+        "RestartCost": KeySpec("policy", "restart_cost", "time a requeued job needs to be training again"),
+        "TransientFaultTime": KeySpec("policy", "transient_fault_time",
+                                      "how long a slowdown that is not hardware is expected to last"),
         "Probe": KeySpec("policy", "probe", "allow active matched probes in these jobs"),
         "Constraint": KeySpec("policy", "constraint", "feature expression added to a requeued job's Features"),
     }),

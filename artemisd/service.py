@@ -36,14 +36,13 @@ import structlog
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import from_json
 
-from artemisd import mail, policy, verify
-from artemisd.act import Actuator, Outcome, drain_reason
+from artemisd import decide, mail, policy, verify
+from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.incident import Action, Cause, Evidence, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
-from artemisd.remedy import propose
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.slurm.cli import collect_hostlist
 from artemisd.store import ActionRow, Store, StoredIncident
@@ -51,8 +50,7 @@ from artemisd.wire import NodeEvent, Record, ReportError, WindowReport, parse_re
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
-REVERSIBLE = {"rebalance": True, "correct": False, "drain": True, "requeue": False,
-              "constrain": False, "escalate": False}
+REVERSIBLE = decide.REVERSIBLE
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 MAX_ITEMS_PER_REQUEST = 100_000
 MAX_DEPTH = 200  # pydantic-core's fixed nesting limit; a wire record needs 4
@@ -124,9 +122,6 @@ def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
 def _rounded(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
 
-
-# Evidence that only restates the slowdown itself; anything else is a signal that deviates.
-SLOWDOWN_SIGNALS = frozenset({"ms.step", "ms.busy", "ms.comm_wait", "samples_per_s", "missing"})
 
 
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
@@ -238,6 +233,7 @@ class Daemon:
         self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
         self._last_report: dict[tuple[str, int], tuple[str, str, int | None]] = {}  # -> step, node, gpu
         self._steps: dict[str, str] = {}
+        self._world: dict[str, int] = {}  # job -> its ranks (GPUs): what a requeue restarts
         self._window_count: dict[str, int] = {}
         self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
@@ -594,6 +590,7 @@ class Daemon:
             gpu = rec.device.index if rec.device is not None else None
             self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
             self._steps[rec.job] = rec.step
+            self._world[rec.job] = rec.world
             if rec.rebalance_opt_in:
                 self._rebalance_opt_in.add(rec.job)
             self._reconnected(rec)
@@ -747,6 +744,7 @@ class Daemon:
     # --- decide ------------------------------------------------------------------------
 
     async def _decide(self, stored: StoredIncident, now: float) -> None:
+        """Gather the facts, let ``decide.plan`` decide, apply the plan and record why."""
         # Ask Slurm first; then re-read the incident, which ingest may have updated meanwhile.
         # Slurm unreachable: the decision waits for the next turn (policy needs the partition).
         try:
@@ -761,116 +759,58 @@ class Daemon:
             return
         stored = fresh
         inc = Incident.model_validate(stored.body)
-        if inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now):
-            return  # the matched probe that may name the link is due: decide with it, not before
-        held = self._unknown_held(stored, inc, now)
-        if held:
-            if stored.id not in self._held:
+        facts = self._facts(stored, inc, partition, nodes, now)
+        step = (stored.step or "0").split(RUN_SEP, 1)[0]
+        plan = decide.plan(inc, stored.plan_step, self.config, facts, step)
+        if plan.wait is not None:
+            if plan.notes and stored.id not in self._held:
                 self._held.add(stored.id)
-                self._audit(inc.id, "policy", "not escalated yet", held, now=now)
+                for note in plan.notes:
+                    self._audit(inc.id, note.who, note.what, note.why, now=now)
             return
-        pol = self.config.policy_for(partition)
-        # The ladder starts at the analysis' remedy for this cause (not at whatever ran last).
-        rungs = policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job, link=inc.link).kind)
-        recommended: list[str] = []
-        d = self.config.daemon
-        while stored.plan_step < len(rungs):
-            kind = rungs[stored.plan_step]
-            stored.plan_step += 1
-            target = self._target(inc, kind)
-            if kind == "escalate":
-                self._start_escalation(stored, inc, recommended, now)
-                return
-            if kind == "rebalance" and inc.job not in self._rebalance_opt_in:
-                # Rebalancing is opt-in (the user guide): a job that does not read
-                # its work shares would only lose time to it.  Next rung at once.
-                self._audit(inc.id, "policy", f"rebalance {target or ''}: skipped",
-                            f"job {inc.job} did not opt in to rebalancing (no WeightedDistributedSampler "
-                            f"or work_share() in its ranks)", now=now)
-                continue
-            if not d.enabled:
-                decision = policy.Decision(kind, "recommend", "Enabled=no: the kill switch is on")
-            else:
-                decision = policy.decide(
-                    kind, pol, target=target,
-                    corroboration=self._corroboration(inc, now) if kind in policy.HARD_ACTIONS else (True, ""),
-                    budget=self._drain_budget(pol, partition, nodes, now) if kind == "drain" else (True, ""),
-                    cooldown_left=self._cooldown_left(target, inc.id, pol.cooldown, now) if target else 0.0)
-            self._audit(inc.id, "policy", f"{kind} {target or ''}: {decision.mode}", decision.why, now=now)
-            if decision.mode == "recommend":
-                recommended.append(f"{kind} {target or ''}".strip() + f" ({decision.why})")
-                continue
-            if d.dry_run:
-                inc.action = Action(kind=kind, target=target, status="proposed", reversible=REVERSIBLE[kind])
-                stored.decide = False
-                self._audit(inc.id, "daemon", f"dry-run: would {kind} {target}", decision.why, now=now)
-                self._save(stored, inc)
-                return
-            status = "queued" if decision.mode == "auto" else "pending_approval"
-            self.store.add_action(inc.id, kind, target, self._params(inc, kind, stored), status, now)
-            inc.action = Action(kind=kind, target=target, reversible=REVERSIBLE[kind],
-                                status="running" if status == "queued" else "pending_approval")
-            stored.decide = False
-            if decision.mode == "auto":
-                inc.advance(S.ACTING)
-                self._save(stored, inc)
-            else:
-                if inc.state is not S.ESCALATED:
-                    inc.advance(S.ESCALATED)
-                self._save(stored, inc)
-                self._queue_escalate(stored, inc, f"{kind} {target} awaits approval "
-                                     f"(artemis approve {inc.id})", recommended, now)
-            return
-        # Every rung used (the escalation included): a person has it; never leave it silent.
-        if inc.state is S.ESCALATED:
-            stored.decide = False
+        for note in plan.notes:
+            self._audit(inc.id, note.who, note.what, note.why, now=now)
+        stored.plan_step = plan.plan_step
+        stored.decide = False
+        action = plan.action
+        if plan.dry_run:
+            if action is not None:
+                inc.action = Action(kind=action.kind, target=action.target, status="proposed",
+                                    reversible=action.reversible)
             self._save(stored, inc)
-        else:
-            self._start_escalation(stored, inc, recommended, now)
+            return
+        if action is not None:
+            status = "queued" if action.mode == "auto" else "pending_approval"
+            self.store.add_action(inc.id, action.kind, action.target, action.params, status, now)
+            inc.action = Action(kind=action.kind, target=action.target, reversible=action.reversible,
+                                status="running" if status == "queued" else "pending_approval")
+        elif plan.escalate is not None:
+            inc.action = Action(kind="escalate", target=inc.job, status="running")
+        if plan.state is not None:
+            inc.advance(plan.state)
+        self._save(stored, inc)
+        if plan.escalate is not None:
+            self._queue_escalate(stored, inc, plan.escalate, list(plan.recommended), now)
 
-    def _unknown_held(self, stored: StoredIncident, inc: Incident, now: float) -> str | None:
-        """Why an ``unknown`` with no deviating signal is not (yet) worth a person's time; None once it is.
-
-        Such an incident says only "this is slower": on a shared or loaded
-        machine that is often the machine, not a fault.  It goes to a person
-        once it has lasted ``UnknownEscalateAfter`` and still costs at least
-        ``UnknownEscalateLoss`` % of the job's healthy samples/s.
-        """
-        if inc.cause is not Cause.UNKNOWN or any(self._deviates(e, inc.ratio) for e in inc.evidence):
-            return None
-        d = self.config.daemon
-        lasted = now - stored.created
+    def _facts(self, stored: StoredIncident, inc: Incident, partition: str | None,
+               nodes: tuple[NodeInfo, ...], now: float) -> decide.Facts:
+        """What the decision needs, read from the store, the analyzer and Slurm (``nodes``, read just now)."""
+        evidence = self.store.node_evidence(inc.node) if inc.node else None
+        targets = {t for t in (inc.node, inc.link, inc.job, f"{inc.job}:{inc.rank}") if t}
+        last = {t: when for t in targets if (when := self.store.last_action_on(t, inc.id)) is not None}
         series = self.analyzer.throughput(inc.job, self._run_key(inc.job, stored.step or "0"))
-        loss = verify.measured_loss(stored.baseline, verify.during(series, None, None))
-        loss = loss if loss is not None else inc.loss_pct
-        if lasted >= d.unknown_escalate_after and loss is not None and loss >= d.unknown_escalate_loss:
-            return None
-        return (f"cause unknown and no signal deviates; lasted {lasted:.0f} s of UnknownEscalateAfter="
-                f"{d.unknown_escalate_after:.0f}, costs {loss if loss is not None else '?'} % of "
-                f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
+        return decide.Facts(
+            now=now, partition=partition, nodes=nodes,
+            drains=tuple(policy.DrainRecord(*row) for row in self.store.drain_actions()),
+            last_action=last, rebalance_opt_in=inc.job in self._rebalance_opt_in,
+            node_evidence=evidence, gpu=self._gpu_of(inc),
+            awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
+            opened_at=stored.created,
+            measured_loss_pct=verify.measured_loss(stored.baseline, verify.during(series, None, None)),
+            gpus=self._world.get(inc.job))
 
-    def _deviates(self, e: Evidence, ratio: float | None = None) -> bool:
-        """Is this evidence line a signal that differs, beyond the slowdown itself?
-
-        ``ratio`` is the incident's (busy / the peers' busy): slower identical
-        work on the subject is a finding only when it explains at least half of
-        that excess, as a clock drop must (localize): one GEMM a few percent
-        slower on a loaded host explains nothing of a rank 35 % slower.
-        """
-        if e.signal in SLOWDOWN_SIGNALS:
-            return False
-        if e.signal in ("probe.p2p_ms", "net_retransmits_per_s"):
-            # Link hints that name no link.  Probes that agree on one make the
-            # cause comm.link; on an unknown incident these are ring timings no
-            # second probe agreed with (confirm.agree_on_link), or a node's
-            # retransmit counter, which the *senders* to a slow link count (a
-            # loaded host's TCP retransmits too): not a finding.
-            return False
-        if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
-            # Identical work at peer speed says what is *not* wrong.
-            excess = max(0.0, (ratio or 1.0) - 1.0)
-            return e.peers > 0 and e.value / e.peers - 1.0 >= max(self.config.analysis.min_slowdown, 0.5 * excess)
-        return True
+    def _gpu_of(self, inc: Incident) -> int | None:
+        return self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
 
     def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
         """A matched probe was issued for this incident and has neither answered nor expired.
@@ -885,49 +825,6 @@ class Daemon:
             return False
         return True
 
-    def _target(self, inc: Incident, kind: str) -> str | None:
-        if kind in ("drain", "correct"):
-            return inc.node or inc.link  # a link incident acts on the node whose link it is
-        if kind == "rebalance":
-            return f"{inc.job}:{inc.rank}" if inc.rank is not None else None
-        return inc.job
-
-    def _params(self, inc: Incident, kind: str, stored: StoredIncident) -> dict[str, Any]:
-        step = stored.step or "0"
-        step = step.split(RUN_SEP, 1)[0]
-        if kind == "rebalance" and inc.rank is not None:
-            share = round(min(1.0, 1.0 / max(inc.ratio or 1.0, 1e-6)), 3)
-            return {"job": inc.job, "step": step, "shares": {str(inc.rank): share}}
-        if kind == "correct":
-            gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
-            kind_name = "restore_power_limit" if inc.cause.value == "gpu.power" else "reset_clocks"
-            return {"node": inc.node, "kind": kind_name, "gpu": gpu}
-        if kind == "drain":
-            return {"node": inc.node or inc.link, "job": inc.job,
-                    "reason": drain_reason(inc.id, inc.cause.value, inc.rank, inc.ratio)}
-        return {"job": inc.job}
-
-    def _corroboration(self, inc: Incident, now: float) -> tuple[bool, str]:
-        evidence = self.store.node_evidence(inc.node) if inc.node else None
-        gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
-        d = self.config.daemon
-        return policy.corroborated(inc, evidence[1] if evidence else None,
-                                   policy.evidence_age(evidence[0], evidence[1], now) if evidence else None,
-                                   d.evidence_max_age, d.hard_action_evidence, self.config.analysis.min_slowdown, gpu)
-
-    def _drain_budget(self, pol, partition: str | None, nodes: tuple[NodeInfo, ...], now: float,
-                      approving: int | None = None) -> tuple[bool, str]:
-        """The partition's drain budget, from Slurm's node states (``nodes``, read just now) and our drains.
-
-        Deciding counts drains waiting for approval; approving one (``approving``)
-        does not count the others that still wait.
-        """
-        if not nodes:
-            return False, f"drain budget unknown: the nodes of partition {partition!r} could not be listed"
-        drains = [policy.DrainRecord(*row) for row in self.store.drain_actions()]
-        use = policy.budget_use(nodes, drains, now, waiting=approving is None, exclude=approving)
-        return policy.drain_budget(pol, use)
-
     async def _nodes_of(self, partition: str | None) -> tuple[NodeInfo, ...]:
         """The partition's nodes and states, read from Slurm now (raises SlurmError): budgets
         must see a person's ``scontrol update State=RESUME`` at once, so this is never cached."""
@@ -939,19 +836,7 @@ class Daemon:
             self.metrics.backend_errors.labels("slurm").inc()
             raise
 
-    def _cooldown_left(self, target: str, incident_id: str, cooldown: float, now: float) -> float:
-        last = self.store.last_action_on(target, incident_id)
-        return max(0.0, last + cooldown - now) if last is not None else 0.0
-
     # --- escalation ----------------------------------------------------------------------
-
-    def _start_escalation(self, stored: StoredIncident, inc: Incident, recommended: list[str], now: float) -> None:
-        stored.decide = False
-        inc.action = Action(kind="escalate", target=inc.job, status="running")
-        if inc.state is not S.ESCALATED:
-            inc.advance(S.ESCALATED)
-        self._save(stored, inc)
-        self._queue_escalate(stored, inc, "needs a person", recommended, now)
 
     def _queue_escalate(self, stored: StoredIncident, inc: Incident, headline: str, recommended: list[str],
                         now: float) -> int | None:
@@ -1179,10 +1064,9 @@ class Daemon:
             self._follow_drain(stored, inc, info, now)
             return
         if outcome.status == "done" and row.kind == "requeue":
-            pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
-            if pol.constraint and policy.mode_of(pol, "constrain") != "recommend":
-                self.store.add_action(inc.id, "constrain", inc.job, {"job": inc.job, "feature": pol.constraint},
-                                      "queued", now)
+            follow = decide.after_requeue(inc, self._policy_of(inc, info))
+            if follow.kind is not None:
+                self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)
                 return
         if outcome.status == "done":
             if inc.action is not None:
@@ -1201,21 +1085,22 @@ class Daemon:
 
     def _follow_drain(self, stored: StoredIncident, inc: Incident, info: JobInfo | None, now: float) -> None:
         """The node is drained; the running job still sits on it: requeue it elsewhere, or escalate."""
-        pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
-        mode = policy.mode_of(pol, "requeue")
         # Approving the drain rung approves its requeue too (one decision per rung).
         approved_rung = any(a.kind == "drain" and a.params.get("approved_by") for a in self.store.actions_of(inc.id))
-        if mode == "auto" or (mode == "approve" and approved_rung):
-            self.store.add_action(inc.id, "requeue", inc.job, {"job": inc.job, "node": inc.node or inc.link},
-                                  "queued", now)
+        follow = decide.after_drain(inc, self._policy_of(inc, info),
+                                    self._facts(stored, inc, info.partition if info else None, (), now),
+                                    approved_rung)
+        if follow.kind is not None:
+            self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)
             return
         if inc.action is not None:
             inc.action.status = "done"
         inc.advance(S.ESCALATED)
         self._save(stored, inc)
-        why = "requeue is not allowed" if mode == "recommend" else "requeue needs approval"
-        self._queue_escalate(stored, inc, f"drained {inc.node}; the job still runs on it and needs a restart "
-                             f"({why})", [], now)
+        self._queue_escalate(stored, inc, follow.escalate or "needs a person", [], now)
+
+    def _policy_of(self, inc: Incident, info: JobInfo | None):
+        return self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
 
     def _freeze_slowed(self, stored: StoredIncident, inc: Incident) -> None:
         """Record the healthy and the slowed throughput once, from the run the fault was seen in.
@@ -1246,105 +1131,72 @@ class Daemon:
     # --- verify ---------------------------------------------------------------------------------
 
     def _verify(self, stored: StoredIncident, now: float) -> None:
+        """Gather the windows and the nodes' evidence, let ``verify.verdict`` judge, apply it."""
         inc = Incident.model_validate(stored.body)
-        verdict = self._measure_recovery(stored, inc)
-        if not verdict.done:
-            last_seen = self.store.job_last_seen(inc.job)
-            if last_seen is None or now - last_seen < VERIFY_SILENCE_S:
-                return
-            # The job stopped reporting (ended, or never came back from a requeue): say so.
-            verdict = verify.Verification(True, None, stored.baseline, None,
-                                          f"no windows from job {inc.job} for {now - last_seen:.0f} s after the "
-                                          f"action: recovery cannot be measured")
+        done = [(row.id, row.kind, row.target) for row in self.store.actions_of(inc.id) if row.status == "done"]
+        still = {target: self._fault_still_shown(inc, target) for _, kind, target in done
+                 if kind == "drain" and target}
+        verdict = verify.verdict(inc.kind.value, inc.cause.value, self._evidence(stored, inc),
+                                 self.config.daemon.verify_windows, self.config.daemon.recovery_fraction,
+                                 self.config.daemon.verify_warmup_windows, now, VERIFY_SILENCE_S, done, still, job=inc.job)
+        if verdict.state is None:
+            return
+        measured = verdict.verification
         self._freeze_slowed(stored, inc)
         inc.result = (inc.result or Result()).model_copy(update={
-            "throughput_after": _rounded(verdict.after), "throughput_expected": _rounded(verdict.expected),
-            "recovered": verdict.recovered})
-        if verdict.recovered:
+            "throughput_after": _rounded(measured.after), "throughput_expected": _rounded(measured.expected),
+            "recovered": measured.recovered})
+        if verdict.state == S.RESOLVED.value:
             inc.advance(S.RESOLVED)
-            self._audit(inc.id, "verify", "resolved", verdict.note, now=now)
-            self._all_clear(stored, inc, verdict.note, now)
+            self._audit(inc.id, "verify", "resolved", measured.note, now=now)
+            self._all_clear(stored, inc, measured.note, now)
         else:
             inc.advance(S.UNRESOLVED)
             stored.decide = True
-            self._audit(inc.id, "verify", "unresolved", verdict.note, now=now)
-            if verdict.recovered is False:  # measured and not better: undo; unmeasurable: keep
-                if self._roll_back(inc, now) and inc.action is not None and inc.action.reversible:
-                    inc.action.status = "rolled_back"
+            self._audit(inc.id, "verify", "unresolved", measured.note, now=now)
+            self._roll_back(inc, verdict.rollbacks, now)
+            if verdict.rolled_back and measured.recovered is False and inc.action is not None \
+                    and inc.action.reversible:
+                inc.action.status = "rolled_back"
         self._save(stored, inc)
 
-    def _measure_recovery(self, stored: StoredIncident, inc: Incident,
-                          since: int | None = None) -> verify.Verification:
-        """The verdict on the incident's action from the windows measured since (``done`` False: too few yet).
-
-        Like with like: windows of the healthy shape (rank count, global batch),
-        full ones, past the window that straddles the action (same run) or the
-        warm-up of a requeued job's new run.  Recovery is judged against the
-        healthy throughput at the machine's pace then (``verify.verify``) for a
-        subject the job's other ranks do not share (a rank, node or link), the
-        collectives' own time counted in that pace when the cause cannot be in
-        them (``verify.WORK_ONLY_CAUSES``); a job-wide subject is judged
-        against the healthy throughput as it was.
-        ``since`` (a window of the current run): judge on the windows after it
-        instead, e.g. the subject's latest healthy stretch.
-        """
-        d = self.config.daemon
+    def _evidence(self, stored: StoredIncident, inc: Incident) -> verify.Evidence:
+        """The windows verification reads: the run the fault was seen in, and the run being judged."""
         origin = stored.step or "0"
         current = self._run_key(inc.job, origin)
-        healthy = verify.healthy_shape(self.analyzer.window_shapes(inc.job, origin), inc.onset_window)
-        shapes = self.analyzer.window_shapes(inc.job, current)
-        if since is not None:
-            after, unlike, unlike_note = verify.after_windows(shapes, since, healthy, 0)
-        elif current == origin:
-            # The same run goes on: the first window after the action may straddle it.
-            after, unlike, unlike_note = verify.after_windows(shapes, stored.action_window, healthy, 1)
-        else:
-            # A requeued job started again: judge it once back in steady state,
-            # after its warm-up windows (imports, process groups, first batches).
-            after, unlike, unlike_note = verify.after_windows(shapes, None, healthy, d.verify_warmup_windows)
-        local = inc.kind in (IncidentKind.RANK, IncidentKind.NODE, IncidentKind.LINK)
-        pace = healthy.pace if healthy is not None and local else None
-        collectives = healthy.collectives if pace is not None and inc.cause.value in verify.WORK_ONLY_CAUSES else None
-        verdict = verify.verify(stored.baseline, after, d.verify_windows, d.recovery_fraction, pace, collectives)
-        if not verdict.done and len(unlike) >= d.verify_windows:
-            verdict = verify.Verification(True, None, stored.baseline, None,
-                                          f"{unlike_note}: recovery cannot be judged like with like")
-        return verdict
+        origin_shapes = self.analyzer.window_shapes(inc.job, origin)
+        return verify.Evidence(stored.baseline, origin_shapes,
+                               origin_shapes if current == origin else self.analyzer.window_shapes(inc.job, current),
+                               current != origin, inc.onset_window, stored.action_window,
+                               self.store.job_last_seen(inc.job))
 
-    def _roll_back(self, inc: Incident, now: float) -> bool:
-        """Undo the incident's reversible actions that did not help; False if one had to stay."""
-        undone = True
-        for row in self.store.actions_of(inc.id):
-            if row.status != "done":
+    def _roll_back(self, inc: Incident, undos: Iterable[verify.Undo], now: float) -> None:
+        """Undo what the verdict says to undo; a drain whose node still shows the fault stays (audited)."""
+        rows = {row.id: row for row in self.store.actions_of(inc.id)}
+        for undo in undos:
+            row = rows.get(undo.action_id)
+            if row is None:
                 continue
-            if row.kind == "rebalance":
+            if not undo.undo:
+                self._audit(inc.id, "daemon", f"drain of {row.target} kept", undo.why, now=now)
+            elif row.kind == "rebalance":
                 directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
                              "job": row.params["job"], "step": row.params["step"], "shares": {}}
                 self.store.add_directive(directive["id"], "rebalance", row.params["job"], row.params["step"],
                                          inc.id, directive, now, None)
                 self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}")
-                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", "no recovery", now=now)
+                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", undo.why, now=now)
             elif row.kind == "drain":
-                still = self._fault_still_shown(inc, row.target)
-                if still:
-                    # Throughput did not come back, but the node still shows the
-                    # fault that drained it: resuming it would put a faulty node
-                    # back in service.  The drain stays; a person is told.
-                    self._audit(inc.id, "daemon", f"drain of {row.target} kept", still, now=now)
-                    undone = False
-                    continue
                 self.store.update_action(row.id, "rolled_back", "undrain queued")
                 self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now)
-                self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", "no recovery", now=now)
-        return undone
+                self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", undo.why, now=now)
 
     def _fault_still_shown(self, inc: Incident, node: str | None) -> str | None:
         """What the node's latest root-side evidence still shows of the incident's cause (None: nothing)."""
         evidence = self.store.node_evidence(node) if node else None
         if evidence is None:
             return None
-        gpu = self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
-        seen = policy.root_side_shows(inc.cause, evidence[1], gpu)
+        seen = policy.root_side_shows(inc.cause, evidence[1], self._gpu_of(inc))
         if seen is None:
             return None
         return (f"its latest root-side evidence ({self.clock() - evidence[0]:.0f} s old) still shows {seen}; "
@@ -1370,7 +1222,9 @@ class Daemon:
         if stored.baseline is not None:
             if len(shapes) <= need:
                 return
-            verdict = self._measure_recovery(stored, inc, since=shapes[-need - 1].seq)
+            d = self.config.daemon
+            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), need,
+                                     d.recovery_fraction, d.verify_warmup_windows, since=shapes[-need - 1].seq)
             if not verdict.done or verdict.recovered is False:
                 if verdict.done and stored.id not in self._not_back:
                     self._not_back.add(stored.id)
@@ -1441,8 +1295,9 @@ class Daemon:
         except SlurmError as err:
             raise ValueError(f"cannot check the drain budget, Slurm is unreachable ({err}): "
                              f"{row.kind} {row.target} still waits for approval") from None
-        ok, why = self._drain_budget(self.config.policy_for(partition), partition, nodes, self.clock(),
-                                     approving=row.id)
+        ok, why = decide.drain_budget(self.config.policy_for(partition),
+                                      self._facts(stored, Incident.model_validate(stored.body), partition, nodes,
+                                                  self.clock()), approving=row.id)
         if not ok:
             self._audit(stored.id, principal.who, f"approval of {row.kind} {row.target} refused", why,
                         action=row.id)

@@ -292,3 +292,115 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
                         f"({100.0 * measured / before:.0f} %{load}; recovery needs {100.0 * fraction:.0f} %)",
                         expected)
+
+
+# --- the verdict on an incident's action -----------------------------------------------------------
+
+# Subjects the job's other ranks do not share: their recovery is judged at the machine's pace.
+LOCAL_KINDS = frozenset({"rank", "node", "link"})
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What verification measures from: the windows of the run the fault was seen in (``origin``),
+    those of the run being judged (``current``: the same list unless the job was requeued), the
+    healthy throughput, the window the action was done after, and the job's last report (s)."""
+
+    baseline: float | None
+    origin: Sequence[WindowShape]
+    current: Sequence[WindowShape]
+    restarted: bool
+    onset_window: int | None
+    action_window: int | None
+    last_seen: float | None = None
+
+
+def measure(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int,
+            since: int | None = None) -> Verification:
+    """The verdict on an action from the windows measured since (``done`` False: too few yet).
+
+    Like with like: windows of the healthy shape (rank count, global batch),
+    full ones, past the window that straddles the action (same run) or the
+    warm-up of a requeued job's new run.  Recovery is judged against the
+    healthy throughput at the machine's pace then (``verify``) for a subject
+    the job's other ranks do not share (a rank, node or link), the
+    collectives' own time counted in that pace when the cause cannot be in
+    them (``WORK_ONLY_CAUSES``); a job-wide subject is judged against the
+    healthy throughput as it was.  ``since`` (a window of the current run):
+    judge on the windows after it instead, e.g. the subject's latest healthy
+    stretch.
+    """
+    healthy = healthy_shape(ev.origin, ev.onset_window)
+    if since is not None:
+        after, unlike, unlike_note = after_windows(ev.current, since, healthy, 0)
+    elif not ev.restarted:
+        # The same run goes on: the first window after the action may straddle it.
+        after, unlike, unlike_note = after_windows(ev.current, ev.action_window, healthy, 1)
+    else:
+        # A requeued job started again: judge it once back in steady state,
+        # after its warm-up windows (imports, process groups, first batches).
+        after, unlike, unlike_note = after_windows(ev.current, None, healthy, warmup)
+    pace = healthy.pace if healthy is not None and kind in LOCAL_KINDS else None
+    collectives = healthy.collectives if pace is not None and cause in WORK_ONLY_CAUSES else None
+    verdict = verify(ev.baseline, after, need, fraction, pace, collectives)
+    if not verdict.done and len(unlike) >= need:
+        verdict = Verification(True, None, ev.baseline, None,
+                               f"{unlike_note}: recovery cannot be judged like with like")
+    return verdict
+
+
+@dataclass(frozen=True)
+class Undo:
+    """A rollback verification asks for: ``undo`` the action ``action_id``, or keep it (``why``)."""
+
+    action_id: int
+    kind: str
+    target: str | None
+    undo: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``state``: resolved, unresolved, or None (not judged yet).  ``rollbacks``: what to undo or keep;
+    ``rolled_back``: the incident's action counts as rolled back (every reversible one was undone)."""
+
+    state: str | None
+    verification: Verification
+    rollbacks: tuple[Undo, ...] = ()
+    rolled_back: bool = False
+
+
+def verdict(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int, now: float,
+            silence_s: float, done_actions: Sequence[tuple[int, str, str | None]],
+            still_shown: dict[str, str | None] | None = None, job: str = "") -> Verdict:
+    """Judge a verifying incident: resolved when throughput came back, unresolved (and what to roll back) when not.
+
+    ``done_actions``: (id, kind, target) of the incident's actions that were
+    performed.  A reversible one that did not help is undone — except a drain
+    whose node still shows the fault (``still_shown[node]``, from its latest
+    root-side evidence): resuming it would put a faulty node back in service,
+    so it stays, and the incident's action is not counted as rolled back.  A
+    verdict that could not be measured (the job went silent for
+    ``silence_s``, or its windows are not comparable) undoes nothing.
+    """
+    measured = measure(kind, cause, ev, need, fraction, warmup)
+    if not measured.done:
+        if ev.last_seen is None or now - ev.last_seen < silence_s:
+            return Verdict(None, measured)
+        # The job stopped reporting (ended, or never came back from a requeue): say so.
+        measured = Verification(True, None, ev.baseline, None,
+                                f"no windows from job {job} for {now - ev.last_seen:.0f} s after the action: "
+                                f"recovery cannot be measured")
+    if measured.recovered:
+        return Verdict("resolved", measured)
+    if measured.recovered is None:
+        return Verdict("unresolved", measured)
+    undos: list[Undo] = []
+    for action_id, action_kind, target in done_actions:
+        if action_kind == "rebalance":
+            undos.append(Undo(action_id, action_kind, target, True, "no recovery"))
+        elif action_kind == "drain":
+            seen = (still_shown or {}).get(target or "")
+            undos.append(Undo(action_id, action_kind, target, seen is None, seen or "no recovery"))
+    return Verdict("unresolved", measured, tuple(undos), all(u.undo for u in undos))

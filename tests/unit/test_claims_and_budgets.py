@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from artemisd import decide, policy, verify
 from artemisd.auth import TRUSTED_LOCAL, Credential, Principal
 from artemisd.config import parse_config_text
 from artemisd.incident import Incident
@@ -210,6 +211,12 @@ BUDGET_CONF = ("PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrain
                "MaxDrainsPerHour=3 Cooldown=0\n")
 
 
+def drain_budget(h: Harness, pol, nodes) -> tuple[bool, str]:
+    """The partition's drain budget as the daemon decides it: Slurm's nodes and the daemon's own drains."""
+    drains = tuple(policy.DrainRecord(*row) for row in h.daemon.store.drain_actions())
+    return decide.drain_budget(pol, decide.Facts(now=h.clock.now, partition="gpu", nodes=nodes, drains=drains))
+
+
 def drained(slurm: MemorySlurm) -> list[str]:
     return sorted(n for n, info in slurm.nodes.items() if info.drained_by_artemis)
 
@@ -288,15 +295,15 @@ def test_rolled_back_drains_keep_counting_for_the_hour(tmp_path):
             # The node is healthy again (or the drain would be kept), and verify found no recovery.
             await h.node_event(first["node"], gpus=[{"index": 1, "util_pct": 99, "throttle": []}])
             stored = h.daemon.store.incident(first["id"])
-            h.daemon._roll_back(Incident.model_validate(stored.body), h.clock.now)  # what verify does
+            # What verify does when throughput did not come back and the node no longer shows the fault.
+            undo = verify.Undo(row["id"], "drain", first["node"], True, "no recovery")
+            h.daemon._roll_back(Incident.model_validate(stored.body), [undo], h.clock.now)
             await h.daemon.run_once()  # the undrain
             assert drained(slurm) == []
-            ok, why = h.daemon._drain_budget(h.daemon.config.policy_for("gpu"), "gpu", slurm.partition_nodes("gpu"),
-                                             h.clock.now)
+            ok, why = drain_budget(h, h.daemon.config.policy_for("gpu"), slurm.partition_nodes("gpu"))
             assert not ok and "MaxDrainsPerHour=1 reached: 1 drain in the last hour" in why
             h.clock.now += 3600
-            assert h.daemon._drain_budget(h.daemon.config.policy_for("gpu"), "gpu", slurm.partition_nodes("gpu"),
-                                          h.clock.now)[0]
+            assert drain_budget(h, h.daemon.config.policy_for("gpu"), slurm.partition_nodes("gpu"))[0]
     run(scenario)
 
 
@@ -308,10 +315,10 @@ def test_a_person_s_resume_frees_the_fraction_at_once(tmp_path):
             await ten_hot_jobs(h)
             assert len(drained(slurm)) == 2  # 0.05 x 40
             pol = h.daemon.config.policy_for("gpu")
-            assert not h.daemon._drain_budget(pol, "gpu", slurm.partition_nodes("gpu"), h.clock.now)[0]
+            assert not drain_budget(h, pol, slurm.partition_nodes("gpu"))[0]
             slurm.resume(drained(slurm)[0])  # scontrol update State=RESUME, by a person
-            assert h.daemon._drain_budget(pol, "gpu", slurm.partition_nodes("gpu"), h.clock.now)[0]
+            assert drain_budget(h, pol, slurm.partition_nodes("gpu"))[0]
             # A node a person drained for their own reasons uses none of Artemis' budget.
             slurm.drain("n39", "PSU swap (ops ticket 88)")
-            assert h.daemon._drain_budget(pol, "gpu", slurm.partition_nodes("gpu"), h.clock.now)[0]
+            assert drain_budget(h, pol, slurm.partition_nodes("gpu"))[0]
     run(scenario)

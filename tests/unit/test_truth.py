@@ -378,18 +378,22 @@ def test_an_unknown_with_no_deviating_signal_waits_until_it_lasts_and_costs(tmp_
             [held] = [a for a in shown["audit"] if a["what"] == "not escalated yet"]
             assert "UnknownEscalateLoss=20" in held["why"]
             # A matched probe that ran identical work at peer speed is no deviating signal either.
+            from artemisd.decide import deviates as deviates_at
             from artemisd.incident import Evidence
-            assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
-            assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
+
+            def deviates(e, ratio=None):
+                return deviates_at(e, ratio, h.daemon.config.analysis.min_slowdown)
+            assert not deviates(Evidence(signal="probe.gemm_ms", value=10.1, peers=10.0))
+            assert deviates(Evidence(signal="probe.gemm_ms", value=13.0, peers=10.0))
             # ... unless it explains under half of the subject's excess (a rank 1.35x its peers).
-            assert not h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=10.6, peers=10.0), 1.35)
-            assert h.daemon._deviates(Evidence(signal="probe.gemm_ms", value=12.0, peers=10.0), 1.35)
-            assert h.daemon._deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
+            assert not deviates(Evidence(signal="probe.gemm_ms", value=10.6, peers=10.0), 1.35)
+            assert deviates(Evidence(signal="probe.gemm_ms", value=12.0, peers=10.0), 1.35)
+            assert deviates(Evidence(signal="cpu_throttled_pct", value=90.0, peers=0.0))
             # Nor do ring timings that no second probe agreed with (agreeing ones name comm.link),
             # nor a node's retransmit counter (the senders to a slow link count them).
-            assert not h.daemon._deviates(Evidence(signal="probe.p2p_ms", value=30.0, peers=5.0,
+            assert not deviates(Evidence(signal="probe.p2p_ms", value=30.0, peers=5.0,
                                                    note="ring transfers touching n1 are 6.0x slower"))
-            assert not h.daemon._deviates(Evidence(signal="net_retransmits_per_s", value=10.4, peers=1.8))
+            assert not deviates(Evidence(signal="net_retransmits_per_s", value=10.4, peers=1.8))
             # Now it costs 30 % (busy 80 vs 50: step 100 ms vs 70) and has lasted > 2 min: a person is told.
             await h.windows(range(30, 34), [80.0 if r == 2 else 50.0 for r in range(WORLD)])
             [inc] = await h.incidents()

@@ -1,0 +1,424 @@
+"""Decide: what a confirmed incident gets now, under the site's policy.  Pure.
+
+``plan(incident, config, facts)`` is the whole decision.  It takes plain data —
+the incident, the settings, and ``Facts``: what Slurm says of the partition's
+nodes, Artemis' own drains, when other incidents last acted on each target,
+root-side node evidence, the job's size and time left — and returns a ``Plan``:
+the action to take now (or none), the incident's transition, the position on
+the ladder, and the audit lines that explain it.  It reads no clock, no store
+and no Slurm, so the daemon, ``artemis replay --policy`` and the closed-loop
+fleet simulation run the same decisions (docs/architecture.md, "Decide").
+
+The ladder (``policy.LADDERS``) starts at the analysis' remedy and walks to
+more disruptive rungs; each rung is judged by ``policy.decide`` (allowed,
+corroborated, within budget, out of cooldown) and by its *price*
+(``rung_cost``): a rung is taken only when what it costs is less than what the
+slowdown is expected to cost while it lasts.  The rungs are ordered cheapest
+first (a rebalance or a clock reset costs nothing to undo; a drain with its
+requeue throws away the work since the last checkpoint and pays a restart on
+every GPU of the job), so the first rung that is allowed and pays is the
+cheapest that pays.  Every rung walked past is written down with why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from artemisd import policy
+from artemisd.config import Config, PartitionPolicy
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
+from artemisd.remedy import propose
+from artemisd.slurm.api import REASON_PREFIX, NodeInfo
+
+S = IncidentState
+
+# One table of what each action kind can undo (the incident's ``action.reversible``,
+# and what verification rolls back when throughput did not come back).
+REVERSIBLE: dict[str, bool] = {"rebalance": True, "correct": False, "drain": True, "requeue": False,
+                               "constrain": False, "escalate": False, "undrain": False, "notify": False}
+MAX_REASON = 240  # a drain reason longer than this is cut: sinfo -R shows the start
+
+# Evidence that only restates the slowdown itself; anything else is a signal that deviates.
+SLOWDOWN_SIGNALS = frozenset({"ms.step", "ms.busy", "ms.comm_wait", "samples_per_s", "missing"})
+# Hardware does not heal by itself: a GPU that stopped boosting, runs hot or
+# under a lowered cap, or a degraded link, slows the job for as long as it runs.
+PERSISTENT_CAUSES = frozenset({Cause.GPU_CLOCKS, Cause.GPU_POWER, Cause.GPU_THERMAL, Cause.COMM_LINK})
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the caller knows when it decides, read just before: Slurm is the truth for nodes.
+
+    ``nodes``: the partition's nodes with state and reason (for the drain
+    budget); ``drains``: every drain Artemis decided, any incident;
+    ``last_action``: target -> when *another* incident last acted on it
+    (cooldowns are between incidents); ``node_evidence``: (received, body) of
+    the incident node's latest root-side node event; ``gpu``: the subject
+    rank's device index; ``opened_at``: when the incident was opened;
+    ``measured_loss_pct``: the job's samples/s below healthy now; ``gpus``:
+    the job's GPU (rank) count; ``time_left_s``: until the job's time limit
+    (None: not known, the slowdown's cost is then unbounded).
+    """
+
+    now: float
+    partition: str | None = None
+    nodes: tuple[NodeInfo, ...] = ()
+    drains: tuple[policy.DrainRecord, ...] = ()
+    last_action: Mapping[str, float] = field(default_factory=dict)
+    rebalance_opt_in: bool = False
+    node_evidence: tuple[float, dict[str, Any]] | None = None
+    gpu: int | None = None
+    awaiting_probe: bool = False
+    opened_at: float | None = None
+    measured_loss_pct: float | None = None
+    gpus: int | None = None
+    time_left_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rung as judged: ``mode`` auto (do it), approve (wait for a person) or recommend (refused: ``why``)."""
+
+    kind: str
+    target: str | None
+    mode: policy.Mode
+    why: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reversible(self) -> bool:
+        return REVERSIBLE.get(self.kind, False)
+
+    def contract_status(self) -> str:
+        """The incident contract's ``action.status`` for a rung that was only planned."""
+        return {"auto": "proposed", "approve": "pending_approval"}.get(self.mode, "refused")
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "target": self.target, "status": self.contract_status(),
+                               "reversible": self.reversible}
+        if self.mode == "recommend" or self.why:
+            out["reason"] = self.why
+        return out
+
+
+@dataclass(frozen=True)
+class Note:
+    """One audit line: who decided what, and why."""
+
+    who: str
+    what: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decision on one incident.
+
+    ``action``: the rung to take now (queued when ``mode`` is auto, waiting
+    for approval when approve); None with ``escalate`` set: tell a person
+    (``headline``); None with neither: nothing now (``wait`` says why).
+    ``walked``: every rung judged, in ladder order (refused ones with their
+    reason), and ``rest`` the rungs after ``action`` that the loop would try
+    next if it does not help: what ``artemis replay --policy`` prints.
+    ``state``: the incident's new state (None: unchanged); ``plan_step``:
+    the ladder position after this plan.
+    """
+
+    plan_step: int
+    action: Step | None = None
+    escalate: str | None = None
+    recommended: tuple[str, ...] = ()
+    state: IncidentState | None = None
+    wait: str | None = None
+    dry_run: bool = False
+    walked: tuple[Step, ...] = ()
+    rest: tuple[Step, ...] = ()
+    notes: tuple[Note, ...] = ()
+
+
+def drain_reason(incident_id: str, cause: str, rank: int | None, ratio: float | None) -> str:
+    """``artemis: INC-17 gpu.clocks rank 2 1.19x``"""
+    parts = [REASON_PREFIX, incident_id, cause]
+    if rank is not None:
+        parts.append(f"rank {rank}")
+    if ratio is not None:
+        parts.append(f"{ratio:.2f}x")
+    return " ".join(parts)[:MAX_REASON]
+
+
+def target_of(inc: Incident, kind: str) -> str | None:
+    if kind in ("drain", "correct"):
+        return inc.node or inc.link  # a link incident acts on the node whose link it is
+    if kind == "rebalance":
+        return f"{inc.job}:{inc.rank}" if inc.rank is not None else None
+    return inc.job
+
+
+def params_of(inc: Incident, kind: str, step: str, gpu: int | None) -> dict[str, Any]:
+    """What an action needs to be performed (stored with its intent)."""
+    if kind == "rebalance" and inc.rank is not None:
+        share = round(min(1.0, 1.0 / max(inc.ratio or 1.0, 1e-6)), 3)
+        return {"job": inc.job, "step": step, "shares": {str(inc.rank): share}}
+    if kind == "correct":
+        kind_name = "restore_power_limit" if inc.cause is Cause.GPU_POWER else "reset_clocks"
+        return {"node": inc.node, "kind": kind_name, "gpu": gpu}
+    if kind == "drain":
+        return {"node": inc.node or inc.link, "job": inc.job,
+                "reason": drain_reason(inc.id, inc.cause.value, inc.rank, inc.ratio)}
+    return {"job": inc.job}
+
+
+def deviates(e: Evidence, ratio: float | None, min_slowdown: float) -> bool:
+    """Is this evidence line a signal that differs, beyond the slowdown itself?
+
+    ``ratio`` is the incident's (busy / the peers' busy): slower identical
+    work on the subject is a finding only when it explains at least half of
+    that excess, as a clock drop must (localize): one GEMM a few percent
+    slower on a loaded host explains nothing of a rank 35 % slower.
+    """
+    if e.signal in SLOWDOWN_SIGNALS:
+        return False
+    if e.signal in ("probe.p2p_ms", "net_retransmits_per_s"):
+        # Link hints that name no link.  Probes that agree on one make the
+        # cause comm.link; on an unknown incident these are ring timings no
+        # second probe agreed with (confirm.agree_on_link), or a node's
+        # retransmit counter, which the *senders* to a slow link count (a
+        # loaded host's TCP retransmits too): not a finding.
+        return False
+    if e.signal == "probe.gemm_ms" and isinstance(e.value, int | float) and isinstance(e.peers, int | float):
+        # Identical work at peer speed says what is *not* wrong.
+        excess = max(0.0, (ratio or 1.0) - 1.0)
+        return e.peers > 0 and e.value / e.peers - 1.0 >= max(min_slowdown, 0.5 * excess)
+    return True
+
+
+def unknown_held(inc: Incident, config: Config, facts: Facts) -> str | None:
+    """Why an ``unknown`` with no deviating signal is not (yet) worth a person's time; None once it is.
+
+    Such an incident says only "this is slower": on a shared or loaded
+    machine that is often the machine, not a fault.  It goes to a person
+    once it has lasted ``UnknownEscalateAfter`` and still costs at least
+    ``UnknownEscalateLoss`` % of the job's healthy samples/s.
+    """
+    if inc.cause is not Cause.UNKNOWN or any(deviates(e, inc.ratio, config.analysis.min_slowdown)
+                                             for e in inc.evidence):
+        return None
+    d = config.daemon
+    lasted = facts.now - (facts.opened_at if facts.opened_at is not None else facts.now)
+    loss = facts.measured_loss_pct if facts.measured_loss_pct is not None else inc.loss_pct
+    if lasted >= d.unknown_escalate_after and loss is not None and loss >= d.unknown_escalate_loss:
+        return None
+    return (f"cause unknown and no signal deviates; lasted {lasted:.0f} s of UnknownEscalateAfter="
+            f"{d.unknown_escalate_after:.0f}, costs {loss if loss is not None else '?'} % of "
+            f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
+
+
+# --- price -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Price:
+    """A rung's cost against the slowdown's, in GPU-hours; ``pays`` when acting costs less."""
+
+    pays: bool
+    why: str
+
+
+def slowdown_loss(inc: Incident, facts: Facts) -> float | None:
+    """The share of the job's throughput the slowdown costs (0..1): measured if known, else loss_pct."""
+    pct = facts.measured_loss_pct if facts.measured_loss_pct is not None else inc.loss_pct
+    return None if pct is None else max(0.0, min(100.0, pct)) / 100.0
+
+
+def rung_cost(kind: str, inc: Incident, pol: PartitionPolicy, facts: Facts) -> Price:
+    """Does this rung pay?  Compared in GPU-hours, with the numbers in ``why``.
+
+    A rebalance and a correction cost nothing worth weighing (undone by a
+    directive; a clock or power-limit reset takes seconds, no restart).  A
+    drain costs the running job nothing (it keeps the next jobs off a faulty
+    node, within the drain budget); the requeue that follows it throws away,
+    on every GPU of the job, the work since the last checkpoint (half a
+    ``CheckpointInterval`` expected) plus a ``RestartCost``.  The slowdown
+    costs its loss on every GPU for as long as it is expected to last: for
+    hardware (``PERSISTENT_CAUSES``) until the job ends, for anything else no
+    longer than ``TransientFaultTime``.  Without a known time left the
+    slowdown's cost is unbounded and any rung pays.
+    """
+    if kind != "requeue":
+        return Price(True, "")
+    gpus = facts.gpus or 1
+    lost_h = (pol.checkpoint_interval / 2.0 + pol.restart_cost) / 3600.0
+    cost = gpus * lost_h
+    cost_text = (f"requeue costs {gpus} GPU x ({pol.checkpoint_interval / 2.0 / 60:.0f} min since the last "
+                 f"checkpoint + {pol.restart_cost / 60:.0f} min restart) = {cost:.2f} GPU-h")
+    loss = slowdown_loss(inc, facts)
+    if loss is None:
+        return Price(True, f"{cost_text}; the slowdown's loss is not measured: acting")
+    horizon = facts.time_left_s
+    if inc.cause not in PERSISTENT_CAUSES:
+        horizon = pol.transient_fault_time if horizon is None else min(horizon, pol.transient_fault_time)
+    if horizon is None:
+        return Price(True, f"{cost_text}; the job's time left is not known: the slowdown's cost is unbounded")
+    saved = gpus * loss * horizon / 3600.0
+    verdict = "acting pays" if saved > cost else "waiting is cheaper"
+    return Price(saved > cost, f"{cost_text}; the slowdown costs {gpus} GPU x {100 * loss:.1f} % x "
+                               f"{horizon / 3600.0:.2f} h = {saved:.2f} GPU-h: {verdict}")
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+
+def ladder_of(inc: Incident, recur_escalate: int) -> tuple[str, ...]:
+    """The ladder for this incident: from the analysis' remedy, or straight to a person for a
+    device that keeps coming back (its correction or its rebalance does not hold)."""
+    if recur_escalate and len(getattr(inc, "recurrences", None) or ()) >= recur_escalate:
+        return ("escalate",)
+    return policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job, link=inc.link).kind)
+
+
+def judge(kind: str, inc: Incident, config: Config, pol: PartitionPolicy, facts: Facts, step: str) -> Step:
+    """One rung judged against the policy, the evidence, the budgets, the cooldowns and its price."""
+    target = target_of(inc, kind)
+    if kind == "rebalance" and not facts.rebalance_opt_in:
+        # Rebalancing is opt-in (the user guide): a job that does not read
+        # its work shares would only lose time to it.
+        return Step(kind, target, "recommend", f"job {inc.job} did not opt in to rebalancing (no "
+                                               f"WeightedDistributedSampler or work_share() in its ranks)")
+    d = config.daemon
+    if not d.enabled and kind != "escalate":
+        return Step(kind, target, "recommend", "Enabled=no: the kill switch is on")
+    corroboration = (True, "")
+    if kind in policy.HARD_ACTIONS:
+        ev = facts.node_evidence
+        corroboration = policy.corroborated(
+            inc, ev[1] if ev else None, policy.evidence_age(ev[0], ev[1], facts.now) if ev else None,
+            d.evidence_max_age, d.hard_action_evidence, config.analysis.min_slowdown, facts.gpu)
+    budget = (True, "")
+    if kind == "drain":
+        budget = drain_budget(pol, facts)
+    cooldown_left = 0.0
+    if target is not None and target in facts.last_action:
+        cooldown_left = max(0.0, facts.last_action[target] + pol.cooldown - facts.now)
+    decision = policy.decide(kind, pol, target=target, corroboration=corroboration, budget=budget,
+                             cooldown_left=cooldown_left)
+    params = params_of(inc, kind, step, facts.gpu)
+    if decision.mode == "recommend":
+        return Step(kind, target, "recommend", decision.why, params)
+    # A drain's price is its requeue's: said now, weighed once the node is drained (``after_drain``).
+    price = rung_cost("requeue" if kind == "drain" and policy.mode_of(pol, "requeue") != "recommend" else kind,
+                      inc, pol, facts)
+    if not price.pays and kind != "drain":
+        return Step(kind, target, "recommend", price.why, params)
+    why = f"{decision.why}; {price.why}" if price.why else decision.why
+    return Step(kind, target, decision.mode, why, params)
+
+
+def drain_budget(pol: PartitionPolicy, facts: Facts, approving: int | None = None) -> tuple[bool, str]:
+    """The partition's drain budget, from Slurm's node states and Artemis' drains.
+
+    Deciding counts drains waiting for approval; approving one (``approving``)
+    does not count the others that still wait.
+    """
+    if not facts.nodes:
+        return False, f"drain budget unknown: the nodes of partition {facts.partition!r} could not be listed"
+    use = policy.budget_use(facts.nodes, list(facts.drains), facts.now, waiting=approving is None,
+                            exclude=approving)
+    return policy.drain_budget(pol, use)
+
+
+def plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str = "0") -> Plan:
+    """The decision for a confirmed, unresolved, denied or escalated incident (see the module doc)."""
+    if inc.kind is IncidentKind.JOB and facts.awaiting_probe:
+        return Plan(plan_step, wait="the matched probe that may name the link is due: decided with its answer")
+    held = unknown_held(inc, config, facts)
+    if held:
+        return Plan(plan_step, wait=held, notes=(Note("policy", "not escalated yet", held),))
+    pol = config.policy_for(facts.partition)
+    rungs = ladder_of(inc, config.daemon.recur_escalate)
+    notes: list[Note] = []
+    if rungs == ("escalate",) and getattr(inc, "recurrences", None):
+        notes.append(Note("policy", "escalated: keeps coming back",
+                          f"{len(inc.recurrences)} recurrences (RecurEscalate={config.daemon.recur_escalate})"))
+    walked: list[Step] = []
+    recommended: list[str] = []
+    position = plan_step
+    while position < len(rungs):
+        kind = rungs[position]
+        position += 1
+        if kind == "escalate":
+            walked.append(Step("escalate", inc.job, "auto", "escalation is always allowed"))
+            rest = tuple(judge(k, inc, config, pol, facts, step) for k in rungs[position:])
+            return _escalation(inc, position, notes, walked, recommended, "needs a person", rest)
+        rung = judge(kind, inc, config, pol, facts, step)
+        walked.append(rung)
+        if kind == "rebalance" and not facts.rebalance_opt_in:
+            notes.append(Note("policy", f"rebalance {rung.target or ''}: skipped", rung.why))
+            continue
+        notes.append(Note("policy", f"{kind} {rung.target or ''}: {rung.mode}", rung.why))
+        if rung.mode == "recommend":
+            recommended.append(f"{kind} {rung.target or ''}".strip() + f" ({rung.why})")
+            continue
+        rest = tuple(judge(k, inc, config, pol, facts, step) for k in rungs[position:])
+        if config.daemon.dry_run:
+            notes.append(Note("daemon", f"dry-run: would {kind} {rung.target}", rung.why))
+            return Plan(position, action=rung, recommended=tuple(recommended), dry_run=True,
+                        walked=tuple(walked), rest=rest, notes=tuple(notes))
+        if rung.mode == "auto":
+            return Plan(position, action=rung, recommended=tuple(recommended), state=S.ACTING,
+                        walked=tuple(walked), rest=rest, notes=tuple(notes))
+        headline = f"{kind} {rung.target} awaits approval (artemis approve {inc.id})"
+        return Plan(position, action=rung, escalate=headline, recommended=tuple(recommended),
+                    state=None if inc.state is S.ESCALATED else S.ESCALATED,
+                    walked=tuple(walked), rest=rest, notes=tuple(notes))
+    # Every rung used (the escalation included): a person has it; never leave it silent.
+    if inc.state is S.ESCALATED:
+        return Plan(position, recommended=tuple(recommended), walked=tuple(walked), notes=tuple(notes))
+    return _escalation(inc, position, notes, walked, recommended, "needs a person", ())
+
+
+def _escalation(inc: Incident, position: int, notes: list[Note], walked: list[Step], recommended: list[str],
+                headline: str, rest: tuple[Step, ...]) -> Plan:
+    # A dry run escalates too: it tells people what it would have done (the escalation says so).
+    return Plan(position, action=None, escalate=headline, recommended=tuple(recommended),
+                state=None if inc.state is S.ESCALATED else S.ESCALATED,
+                walked=tuple(walked), rest=rest, notes=tuple(notes))
+
+
+# --- after an action -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What comes after an action completed: another action (``kind`` with ``params``), an
+    escalation (``escalate`` headline), or verification (neither)."""
+
+    kind: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    escalate: str | None = None
+
+
+def after_drain(inc: Incident, pol: PartitionPolicy, facts: Facts, rung_approved: bool) -> FollowUp:
+    """The node is drained; the running job still sits on it: requeue it elsewhere, or tell a person.
+
+    Approving the drain rung approves its requeue too (one decision per rung).
+    A requeue that costs more than the slowdown (``rung_cost``) is not done: the
+    drain keeps the next jobs off the node and the job finishes where it is.
+    """
+    node = inc.node or inc.link
+    mode = policy.mode_of(pol, "requeue")
+    if mode == "auto" or (mode == "approve" and rung_approved):
+        price = rung_cost("requeue", inc, pol, facts)
+        if price.pays:
+            return FollowUp("requeue", {"job": inc.job, "node": node})
+        return FollowUp(escalate=f"drained {node}; the job keeps running on it: {price.why}")
+    why = "requeue is not allowed" if mode == "recommend" else "requeue needs approval"
+    return FollowUp(escalate=f"drained {node}; the job still runs on it and needs a restart ({why})")
+
+
+def after_requeue(inc: Incident, pol: PartitionPolicy) -> FollowUp:
+    """A requeued job may also be narrowed to nodes with the site's health feature (``Constraint=``)."""
+    if pol.constraint and policy.mode_of(pol, "constrain") != "recommend":
+        return FollowUp("constrain", {"job": inc.job, "feature": pol.constraint})
+    return FollowUp()
