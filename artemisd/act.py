@@ -23,8 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from artemisd.decide import drain_reason  # noqa: F401 - the reason format lives with the decision
-from artemisd.slurm.api import REASON_PREFIX, JobInfo, SlurmBackend, SlurmError
+from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
 
 # Slurm keeps reasons and comments short in its tables; stay well inside.
 PENDING_POLLS = 40

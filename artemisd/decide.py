@@ -273,7 +273,7 @@ def rung_cost(kind: str, inc: Incident, pol: PartitionPolicy, facts: Facts) -> P
 def ladder_of(inc: Incident, recur_escalate: int) -> tuple[str, ...]:
     """The ladder for this incident: from the analysis' remedy, or straight to a person for a
     device that keeps coming back (its correction or its rebalance does not hold)."""
-    if recur_escalate and len(getattr(inc, "recurrences", None) or ()) >= recur_escalate:
+    if recur_escalate and len(inc.recurrences) >= recur_escalate:
         return ("escalate",)
     return policy.ladder(propose(inc.kind, inc.cause, inc.node, inc.job, link=inc.link).kind)
 
@@ -338,7 +338,7 @@ def plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str 
     pol = config.policy_for(facts.partition)
     rungs = ladder_of(inc, config.daemon.recur_escalate)
     notes: list[Note] = []
-    if rungs == ("escalate",) and getattr(inc, "recurrences", None):
+    if rungs == ("escalate",) and inc.recurrences:
         notes.append(Note("policy", "escalated: keeps coming back",
                           f"{len(inc.recurrences)} recurrences (RecurEscalate={config.daemon.recur_escalate})"))
     walked: list[Step] = []

@@ -43,7 +43,8 @@ from artemisd import __version__
 from artemisd.auth import AuthError, MungeAuth, NoAuth, Principal
 from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
-from artemisd.service import Daemon, IngestError, decode_body
+from artemisd.ingest import IngestError, decode_body
+from artemisd.service import Daemon
 from artemisd.slurm import make_backend
 from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate, Refused,
                                 fit_connections_to_fd_limit, gate_middleware, read_body)

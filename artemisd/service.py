@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
-from pydantic import TypeAdapter, ValidationError
-from pydantic_core import from_json
 
-from artemisd import decide, mail, policy, verify
+from artemisd import decide, ingest, mail, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
@@ -44,18 +40,14 @@ from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Res
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.slurm.cli import collect_hostlist
 from artemisd.store import ActionRow, Store, StoredIncident
-from artemisd.wire import NodeEvent, Record, ReportError, WindowReport, parse_record
+from artemisd.ingest import IngestResult
+from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
 REVERSIBLE = decide.REVERSIBLE
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
-MAX_ITEMS_PER_REQUEST = 100_000
-MAX_DEPTH = 200  # pydantic-core's fixed nesting limit; a wire record needs 4
-_TOO_DEEP = "recursion limit exceeded"  # how pydantic-core says it
-_WHITESPACE = re.compile(r"[ \t\r\n]*")
 MAX_LOGGED_FAILURES = 64  # kinds of unforeseen per-item failure logged with a traceback (once each)
 VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
 # A claim outside the cached allocation re-reads the job at most this often:
@@ -65,58 +57,6 @@ RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
 RESTART_GAP = 4  # a window this far below the highest seen starts a new run
 
 log = structlog.get_logger("artemisd")
-_BATCH = TypeAdapter(list[Record])
-
-
-class IngestError(ValueError):
-    """The request body as a whole is unreadable (HTTP 400)."""
-
-
-@dataclass
-class IngestResult:
-    accepted: int = 0
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    directives: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"accepted": self.accepted, "rejected": self.rejected, "directives": self.directives}
-
-
-def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
-    """A JSON array or JSON Lines -> [(index, value or None, error)]; a bad item is an error of its own.
-
-    pydantic-core's parser (``from_json``, twice as fast as ``json.loads``)
-    decodes the common case.  It has a fixed nesting limit (``MAX_DEPTH``)
-    instead of Python's stack, and refuses invalid UTF-8 and lone surrogate
-    escapes; an item it refuses for those goes through ``json.loads`` (invalid
-    bytes kept as lone surrogates), so the wire models can name the field that
-    holds them, and only that item is refused.  A JSON array is one value: an
-    element too deep to decode ends the reading there (the elements before it
-    are kept); any other syntax error in a one-line array refuses the body.
-    """
-    text = body.strip()
-    if not text:
-        return []
-    if text.startswith(b"["):
-        try:
-            values = from_json(text)
-        except ValueError:
-            items = _split_array(text)
-        else:
-            if len(values) > MAX_ITEMS_PER_REQUEST:
-                raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
-            items = [(i, value, None) for i, value in enumerate(values)]
-        if items is not None:
-            return items
-    out: list[tuple[int, Any, str | None]] = []
-    for i, line in enumerate(text.split(b"\n")):
-        if i >= MAX_ITEMS_PER_REQUEST:
-            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
-        try:
-            out.append((i, from_json(line), None))
-        except ValueError as err:
-            out.append(_careful_item(i, line, str(err)))
-    return out
 
 
 def _rounded(value: float | None) -> float | None:
@@ -126,94 +66,6 @@ def _rounded(value: float | None) -> float | None:
 
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
     return (inc.kind.value, inc.cause.value, inc.node, inc.link)
-
-
-def _careful_item(index: int, raw: bytes, why: str) -> tuple[int, Any, str | None]:
-    """An item pydantic-core refused: too deep stays refused; otherwise the standard library tries."""
-    if _TOO_DEEP in why:
-        return index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"
-    try:
-        return index, json.loads(raw.decode("utf-8", errors="surrogateescape")), None
-    except json.JSONDecodeError as err:
-        return index, None, f"not JSON: {err.msg} at column {err.colno}"
-    except RecursionError:
-        return index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"
-
-
-def _split_array(body: bytes) -> list[tuple[int, Any, str | None]] | None:
-    """Element by element through an array pydantic-core refused as a whole.
-
-    None: not one JSON array (a syntax error): the caller reads JSON Lines when
-    the body has several lines, or refuses the body.
-    """
-    text = body.decode("utf-8", errors="surrogateescape")
-    decoder = json.JSONDecoder()
-    out: list[tuple[int, Any, str | None]] = []
-    pos = _skip_ws(text, 1)
-    if text.startswith("]", pos):
-        return out if _skip_ws(text, pos + 1) == len(text) else _not_an_array(text, "trailing data")
-    while True:
-        index = len(out)
-        if index >= MAX_ITEMS_PER_REQUEST:
-            raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except RecursionError:
-            out.append((index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels; "
-                                     f"the rest of the array was not read"))
-            return out
-        except json.JSONDecodeError as err:
-            return _not_an_array(text, f"{err.msg} at column {err.colno}")
-        segment = text[pos:end]
-        # Only a segment with that many brackets can be too deep: parse it again to be sure.
-        if segment.count("[") + segment.count("{") > MAX_DEPTH and _deeper_than_limit(segment):
-            out.append((index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels"))
-        else:
-            out.append((index, value, None))
-        pos = _skip_ws(text, end)
-        if text.startswith(",", pos):
-            pos = _skip_ws(text, pos + 1)
-        elif text.startswith("]", pos):
-            return out if _skip_ws(text, pos + 1) == len(text) else _not_an_array(text, "trailing data")
-        else:
-            return _not_an_array(text, f"expected ',' or ']' at column {pos + 1}")
-
-
-def _not_an_array(text: str, why: str) -> None:
-    if "\n" not in text:
-        raise IngestError(f"body is not a JSON array: {why}")
-    return None  # JSON Lines whose first line happens to be an array (an item error)
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    return _WHITESPACE.match(text, pos).end()
-
-
-def _deeper_than_limit(segment: str) -> bool:
-    try:
-        from_json(segment.encode("utf-8", errors="surrogateescape"))
-    except ValueError as err:
-        return _TOO_DEEP in str(err)
-    return False
-
-
-def claim_problem(rec: WindowReport | NodeEvent, info: JobInfo) -> str | None:
-    """Why ``rec`` does not fit what Slurm says of its job ("field: reason"), or None.
-
-    A report may only name a node of the job's allocation: otherwise a job's
-    owner could pin a slowdown, and so a drain, on anyone's node.  ``world``
-    may not exceed the ranks the job can run (``JobInfo.max_world``).
-    """
-    if rec.node not in info.nodes:
-        if not info.nodes:
-            return f"node: job {info.job_id} has no nodes allocated (state {info.state})"
-        return f"node: {rec.node} is not in job {info.job_id}'s allocation {collect_hostlist(info.nodes)}"
-    if type(rec) is WindowReport:
-        limit = info.max_world
-        if limit is not None and rec.world > limit:
-            return (f"world: {rec.world} is more ranks than job {info.job_id} can run "
-                    f"({info.tasks or '?'} tasks, {info.cpus or '?'} CPUs in Slurm)")
-    return None
 
 
 def subject_of(inc: Incident) -> str:
@@ -336,34 +188,8 @@ class Daemon:
     # --- ingest -------------------------------------------------------------
 
     def validate(self, items: list[tuple[int, Any, str | None]]) -> tuple[list[tuple[int, WindowReport | NodeEvent]], list[dict[str, Any]]]:
-        """Items -> ([(index, record)], [{"index", "error"}]).
-
-        A clean batch is validated in one pydantic call (the common case, and
-        2-3x cheaper than item by item); any error sends the batch through the
-        per-item path, which names every bad item's field and reason.
-        """
-        context = self._context()
-        if all(error is None for _, _, error in items):
-            try:
-                records = _BATCH.validate_python([obj for _, obj, _ in items], context=context)
-                return [(index, rec) for (index, _, _), rec in zip(items, records)], []
-            except ValidationError:
-                pass
-            except Exception as err:  # noqa: BLE001 - the per-item path below names the item
-                self._unforeseen("validating", err)
-        good: list[tuple[int, WindowReport | NodeEvent]] = []
-        bad: list[dict[str, Any]] = []
-        for index, obj, error in items:
-            if error is not None:
-                bad.append({"index": index, "error": error})
-                continue
-            try:
-                good.append((index, parse_record(obj, context=context)))
-            except ReportError as err:
-                bad.append({"index": index, "error": "; ".join(f"{p or '<record>'}: {r}" for p, r in err.problems)})
-            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
-                bad.append({"index": index, "error": self._unforeseen("validating", err)})
-        return good, bad
+        """Items -> ([(index, record)], [{"index", "error"}]) (``ingest.validate``, under today's bounds)."""
+        return ingest.validate(items, self._context(), lambda err: self._unforeseen("validating", err))
 
     async def check_jobs(self, principal: Principal,
                          records: list[tuple[int, WindowReport | NodeEvent]]) -> dict[str, JobInfo | None | SlurmError]:
@@ -388,7 +214,7 @@ class Daemon:
                 info = await self.job_info(job, strict=True)
                 read_at = self._job_info[job][0] if job in self._job_info else self.clock()
                 if info is not None and self.clock() - read_at >= ALLOCATION_RECHECK_S \
-                        and any(claim_problem(rec, info) for rec in recs):
+                        and any(ingest.claim_problem(rec, info) for rec in recs):
                     info = await self.job_info(job, fresh=True, strict=True)
                 out[job] = info
             except SlurmError as err:
@@ -445,7 +271,7 @@ class Daemon:
         kept: list[tuple[int, WindowReport | NodeEvent]] = []
         jobs = jobs or {}
         for index, rec in records:
-            problem = None if principal.root_side else self._not_allowed(rec, principal, jobs)
+            problem = None if principal.root_side else ingest.ownership_problem(rec, principal, jobs)
             if problem:
                 result.rejected.append({"index": index, "error": problem})
                 continue
@@ -526,20 +352,6 @@ class Daemon:
                 result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
                 seqs.append(None)
         return seqs
-
-    def _not_allowed(self, rec: WindowReport | NodeEvent, principal: Principal,
-                     jobs: dict[str, JobInfo | None | SlurmError]) -> str | None:
-        if rec.job is None:
-            return "job: node events without a job need root or SlurmUser credentials"
-        info = jobs.get(rec.job)
-        if isinstance(info, SlurmError):
-            # Never trusted unchecked, never dropped silently: the sender is told to send it again.
-            return f"job: Slurm could not be reached to check job {rec.job} ({info}); not stored, send it again"
-        if info is None:
-            return f"job: {rec.job} is not known to Slurm"
-        if info.user_id != principal.uid:
-            return f"job: {rec.job} is not owned by {principal.who}"
-        return claim_problem(rec, info)
 
     def _run_of(self, rec: WindowReport) -> WindowReport:
         """Tell a restarted job (requeued: windows numbered from 0 again) from late reports.

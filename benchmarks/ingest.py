@@ -60,7 +60,8 @@ from artemisd.auth import TRUSTED_LOCAL  # noqa: E402
 from artemisd.config import parse_config_text  # noqa: E402
 from artemisd.pipeline import Analyzer  # noqa: E402
 from artemisd.server import configure_logging, tune_gc  # noqa: E402
-from artemisd.service import Daemon, decode_body  # noqa: E402
+from artemisd.ingest import decode_body  # noqa: E402
+from artemisd.service import Daemon  # noqa: E402
 from artemisd.sim.fleet import simulate_records, single_job  # noqa: E402
 from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec  # noqa: E402
 from artemisd.slurm.cli import CliSlurm  # noqa: E402

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from artemisd.act import Actuator, drain_reason
+from artemisd.act import Actuator
+from artemisd.decide import drain_reason
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError
 
 
