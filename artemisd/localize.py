@@ -39,22 +39,19 @@ from artemisd.confirm import ProbeJudgement, ProbeVerdict
 from artemisd.detect import JobFlag
 from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
 from artemisd.incident import Cause, Evidence
+from artemisd.thresholds import (CLOCK_DROP, HOT_DELTA_C, POWER_LIMIT_DROP, POWER_REASONS, RETRANSMIT_FACTOR,
+                                 RETRANSMITS_PER_S, THERMAL_REASONS)
 
-THERMAL_BITS = THROTTLE_BIT["sw_thermal"] | THROTTLE_BIT["hw_thermal"]
-POWER_BITS = THROTTLE_BIT["sw_power_cap"] | THROTTLE_BIT["hw_power_brake"]
+THERMAL_BITS = sum(THROTTLE_BIT[reason] for reason in THERMAL_REASONS)
+POWER_BITS = sum(THROTTLE_BIT[reason] for reason in POWER_REASONS)
 APP_CLOCK_BITS = THROTTLE_BIT["applications_clocks"]
 SLOWDOWN_BIT = THROTTLE_BIT["hw_slowdown"]
 
-CLOCK_DROP = 0.92  # SM clock below 92 % of peers' is a clock that stopped boosting
-POWER_LIMIT_DROP = 0.97
-HOT_DELTA_C = 10.0
 IOWAIT_DELTA_PCT = 5.0
 STEAL_DELTA_PCT = 5.0
 CTX_FACTOR = 3.0
 CPU_SHARE_DELTA = 0.25
 THROTTLED_DELTA_PCT = 10.0
-RETRANSMIT_FACTOR = 5.0
-RETRANSMIT_MIN_PER_S = 5.0
 GROUP_RISE = 1.2  # a process group's collective time up 20 % on its baseline
 
 
@@ -319,7 +316,7 @@ def _node_retransmits(frame: WindowFrame) -> tuple[str | None, float, float]:
         return None, float("nan"), float("nan")
     worst = max(per_node, key=per_node.get)
     others = _median(np.array([v for n, v in per_node.items() if n != worst]))
-    if per_node[worst] >= max(RETRANSMIT_MIN_PER_S, RETRANSMIT_FACTOR * others):
+    if per_node[worst] >= max(RETRANSMITS_PER_S, RETRANSMIT_FACTOR * others):
         return worst, per_node[worst], others
     return None, per_node[worst], others
 

@@ -45,6 +45,8 @@ from typing import Any, Literal
 from artemisd.config import PartitionPolicy
 from artemisd.incident import Cause, Incident
 from artemisd.slurm.api import NodeInfo
+from artemisd.thresholds import (CLOCK_DROP, CLOCK_REASONS, LOAD_UTIL_PCT, POWER_LIMIT_DROP, POWER_REASONS,
+                                 RETRANSMITS_PER_S, THERMAL_REASONS)
 
 Mode = Literal["auto", "approve", "recommend"]
 HARD_ACTIONS = frozenset({"drain", "requeue"})
@@ -60,19 +62,7 @@ LADDERS: dict[str, tuple[str, ...]] = {
     "none": ("escalate",),
 }
 
-# Root-side telemetry thresholds: the node check must see the fault itself.
-# They mirror localize.py's (a clock below 92 % of its maximum has stopped
-# boosting; a power limit 3 % under the default was lowered on purpose).
-CLOCK_DROP = 0.92
-POWER_LIMIT_DROP = 0.97
-THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal"})
-POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake"})
-CLOCK_REASONS = frozenset({"applications_clocks", "hw_slowdown"})
-# A GPU reading counts as evidence only under load: utilization at least this
-# (an idle GPU reads 0 %; a training GPU, even a throttled one, reads > 90 %).
-LOAD_UTIL_PCT = 50.0
-# TCP retransmits (or fabric retries) per second that a healthy node does not show.
-RETRANSMITS_PER_S = 5.0
+# Root-side telemetry is judged by the thresholds localize uses (one table: thresholds.py).
 
 
 @dataclass(frozen=True)
