@@ -164,8 +164,8 @@ class SimSlurm:
             raise ValueError(f"job {job_id} needs at least one node")
         job = _Job(job_id, user_id, partition, count, gpus_per_node, time_limit_s, batch, requeue, tasks,
                    features=features)
-        self._jobs[job_id] = job
         if isinstance(nodes, int):
+            self._jobs[job_id] = job
             self._event("slurm", "submit", job_id, f"{count} node(s) in {partition}")
             self.schedule()
             return job.info()
@@ -178,6 +178,7 @@ class SimSlurm:
                 raise ValueError(f"node {name} is drained ({node.reason!r}): Slurm starts no job there")
             if self._free_gpus(node) < self._need(job, node):
                 raise ValueError(f"node {name} has no free GPUs for job {job_id}")
+        self._jobs[job_id] = job
         self._start(job, names, self._now if start is None else float(start))
         return job.info()
 

@@ -86,30 +86,26 @@ def build_cluster(records: list[WindowReport | NodeEvent], start: float) -> SimS
 def replay_policy(records: Iterable[WindowReport | NodeEvent], config: Config, *, approve_all: bool = False,
                   analysis: AnalysisSettings | None = None) -> PolicyReplay:
     """Run the trace through the analysis and the loop (see the module doc)."""
-    records = list(records)
-    started = min((_time_of(r) for r in records), default=0.0)
-    slurm = build_cluster(records, started)
-    pol = config.policy_for(PARTITION)
-    matched = any(p is pol for p in config.policies)
-    loop = Loop(config, slurm, approve_all=approve_all)
-    driver = _Driver(Analyzer(analysis or config.analysis), loop, slurm, config)
-    now = started
-    for rec in records:
-        now = max(now, _time_of(rec))
-        driver.record(rec, now)
-    driver.finish(now)
-    return PolicyReplay(loop, slurm, pol, matched, started,
-                        [i for i in loop.incidents() if i.state not in NOT_INCIDENTS],
-                        [i for i in driver.analyzer.incidents if i.state not in NOT_INCIDENTS])
+    run = TraceLoop(list(records), config, approve_all=approve_all, analysis=analysis)
+    for rec in run.records:
+        run.record(rec)
+    return run.finish()
 
 
-class _Driver:
-    """Feeds the analysis' updates to the loop and the recorded windows to verification."""
+class TraceLoop:
+    """The replay, one record at a time: the analysis' updates go to the loop, the recorded
+    windows to verification.  ``record`` each record in order, then ``finish``; between two
+    records a caller (a test) may act on ``slurm`` as a person would."""
 
-    def __init__(self, analyzer: Analyzer, loop: Loop, slurm: SimSlurm, config: Config):
-        self.analyzer = analyzer
-        self.loop = loop
-        self.slurm = slurm
+    def __init__(self, records: list[WindowReport | NodeEvent], config: Config, *, approve_all: bool = False,
+                 analysis: AnalysisSettings | None = None):
+        self.records = records
+        self.started = min((_time_of(r) for r in records), default=0.0)
+        self.now = self.started
+        self.slurm = build_cluster(records, self.started)
+        self.policy = config.policy_for(PARTITION)
+        self.analyzer = Analyzer(analysis or config.analysis)
+        self.loop = Loop(config, self.slurm, approve_all=approve_all)
         self.config = config
         self.steps: dict[str, str] = {}
         self.worlds: dict[str, int] = {}
@@ -120,7 +116,8 @@ class _Driver:
         self.baselines: dict[str, float | None] = {}
         self.action_windows: dict[str, int | None] = {}
 
-    def record(self, rec: WindowReport | NodeEvent, now: float) -> None:
+    def record(self, rec: WindowReport | NodeEvent) -> None:
+        now = self.now = max(self.now, _time_of(rec))
         self.slurm.advance_to(now)
         changed = False
         if isinstance(rec, NodeEvent):
@@ -150,9 +147,14 @@ class _Driver:
         if changed or updates:
             self._turn(now)
 
-    def finish(self, now: float) -> None:
-        self._observe(self.analyzer.flush(), now)
-        self._turn(now)
+    def finish(self) -> PolicyReplay:
+        """End of the trace: the windows still waiting are analysed, decided and verified."""
+        self._observe(self.analyzer.flush(), self.now)
+        self._turn(self.now)
+        loop = self.loop
+        return PolicyReplay(loop, self.slurm, self.policy, any(p is self.policy for p in self.config.policies),
+                            self.started, [i for i in loop.incidents() if i.state not in NOT_INCIDENTS],
+                            [i for i in self.analyzer.incidents if i.state not in NOT_INCIDENTS])
 
     def _observe(self, updates: list[Incident], now: float) -> None:
         for update in updates:
