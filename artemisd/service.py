@@ -37,6 +37,7 @@ from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
 from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
+from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
@@ -68,9 +69,6 @@ def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
     return (inc.kind.value, inc.cause.value, inc.node, inc.link)
 
 
-def subject_of(inc: Incident) -> str:
-    return "|".join(str(x) for x in (inc.job, inc.kind.value, inc.rank, inc.node, inc.link, inc.island))
-
 
 class Daemon:
     def __init__(self, config: Config, slurm: SlurmBackend, clock: Callable[[], float] = time.time):
@@ -80,6 +78,7 @@ class Daemon:
         self.clock = clock
         self.metrics = Metrics()
         self.store = Store(Path(config.daemon.state_dir) / "artemis.db")
+        self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
         self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
@@ -454,10 +453,7 @@ class Daemon:
                     stored = inc
                     break
         if stored is None:
-            daemon_id = self.store.next_id("incident", "INC-")
-            body = update.model_copy(update={"id": daemon_id}).contract_dict()
-            stored = StoredIncident(daemon_id, update.job, self._steps.get(update.job, "0"), update.state.value,
-                                    subject_of(update), update.id, 0, None, None, False, body, now, now)
+            stored = self.ledger.open(update, self._steps.get(update.job, "0"), now)
         self._bound[update.id] = stored.id
         inc = Incident.model_validate(stored.body)
         told = _diagnosis(inc)
@@ -485,15 +481,11 @@ class Daemon:
         self._save(stored, inc)
 
     def _save(self, stored: StoredIncident, inc: Incident) -> None:
-        stored.state = inc.state.value
-        stored.subject = subject_of(inc)
-        stored.body = inc.contract_dict()
-        self.store.save_incident(stored)
+        self.ledger.save(stored, inc)
 
     def _audit(self, incident: str | None, who: str, what: str, why: str = "", result: str = "",
                action: int | None = None, now: float | None = None) -> None:
-        self.store.audit(who, what, why, result, incident=incident, action=action, now=now)
-        log.info(what, incident=incident, who=who, why=why, result=result)
+        self.ledger.audit(incident, who, what, why, result, action, now)
 
     # --- active confirmation ----------------------------------------------------
 
