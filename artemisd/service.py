@@ -457,9 +457,12 @@ class Daemon:
         self._bound[update.id] = stored.id
         inc = Incident.model_validate(stored.body)
         told = _diagnosis(inc)
+        seen_before = len(inc.recurrences)
         analysis = update.model_dump(exclude={"id", "state", "action", "result"})
         for key, value in analysis.items():
             setattr(inc, key, value)
+        if len(inc.recurrences) > seen_before and update.state is S.CONFIRMED:
+            self._recurred(stored, inc, now)
         if _diagnosis(inc) != told and inc.state in (S.ESCALATED, S.UNRESOLVED) and not any(
                 r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
             # A person was told one thing and the analysis now says another (the
@@ -479,6 +482,27 @@ class Daemon:
             self._audit(inc.id, "analyzer", "confirmed", f"{inc.cause.value} confidence {inc.confidence}",
                         json.dumps([e.model_dump() for e in inc.evidence])[:2000], now=now)
         self._save(stored, inc)
+
+    def _recurred(self, stored: StoredIncident, inc: Incident, now: float) -> None:
+        """The subject recovered and was confirmed slow again: the same incident, one more recurrence.
+
+        A resolved incident is reopened and decided again from the start of its
+        ladder (``decide.plan`` sends it to a person once ``RecurEscalate``
+        recurrences say the fix does not hold).  One still open records it; if
+        it waits for a person or a next rung, it is decided again.
+        """
+        latest = inc.recurrences[-1]
+        why = (f"recurrence {len(inc.recurrences)}: slow again from window {latest.onset_window}, confirmed at "
+               f"{latest.confirmed_window}" + (f", {latest.ratio:.2f}x" if latest.ratio is not None else ""))
+        self._held.discard(stored.id)
+        self._not_back.discard(stored.id)
+        if inc.state is S.RESOLVED:
+            self.ledger.reopen(stored, inc, why, now)
+            return
+        self._audit(inc.id, "analyzer", "recurred", why, now=now)
+        if inc.state in (S.CONFIRMED, S.ESCALATED, S.UNRESOLVED) and not any(
+                r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
+            stored.decide = True
 
     def _save(self, stored: StoredIncident, inc: Incident) -> None:
         self.ledger.save(stored, inc)
