@@ -587,7 +587,7 @@ class Daemon:
             return
         stored = fresh
         inc = Incident.model_validate(stored.body)
-        facts = self._facts(stored, inc, partition, nodes, now)
+        facts = self._facts(stored, inc, partition, nodes, now, info)
         step = (stored.step or "0").split(RUN_SEP, 1)[0]
         plan = decide.plan(inc, stored.plan_step, self.config, facts, step)
         if plan.wait is not None:
@@ -621,7 +621,7 @@ class Daemon:
             self._queue_escalate(stored, inc, plan.escalate, list(plan.recommended), now)
 
     def _facts(self, stored: StoredIncident, inc: Incident, partition: str | None,
-               nodes: tuple[NodeInfo, ...], now: float) -> decide.Facts:
+               nodes: tuple[NodeInfo, ...], now: float, info: JobInfo | None = None) -> decide.Facts:
         """What the decision needs, read from the store, the analyzer and Slurm (``nodes``, read just now)."""
         evidence = self.store.node_evidence(inc.node) if inc.node else None
         targets = {t for t in (inc.node, inc.link, inc.job, f"{inc.job}:{inc.rank}") if t}
@@ -635,7 +635,7 @@ class Daemon:
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
             measured_loss_pct=verify.measured_loss(stored.baseline, verify.during(series, None, None)),
-            gpus=self._world.get(inc.job))
+            gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None)
 
     def _gpu_of(self, inc: Incident) -> int | None:
         return self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
@@ -916,7 +916,7 @@ class Daemon:
         # Approving the drain rung approves its requeue too (one decision per rung).
         approved_rung = any(a.kind == "drain" and a.params.get("approved_by") for a in self.store.actions_of(inc.id))
         follow = decide.after_drain(inc, self._policy_of(inc, info),
-                                    self._facts(stored, inc, info.partition if info else None, (), now),
+                                    self._facts(stored, inc, info.partition if info else None, (), now, info),
                                     approved_rung)
         if follow.kind is not None:
             self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)

@@ -62,6 +62,7 @@ class JobInfo:
     admin_comment: str = ""
     tasks: int | None = None  # task count Slurm gave the job; None: not known (e.g. from sacct)
     cpus: int | None = None  # CPUs allocated to the job
+    end_time: float | None = None  # when a running job reaches its time limit (epoch s); None: not known
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -75,6 +76,12 @@ class JobInfo:
     @property
     def finished(self) -> bool:
         return not (self.pending or self.running or self.state in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
+
+    def time_left(self, now: float) -> float | None:
+        """Seconds until a running job's time limit (a job without one ends in a year, as Slurm says)."""
+        if not self.running or self.end_time is None or self.end_time <= 0:
+            return None
+        return max(0.0, self.end_time - now)
 
     @property
     def max_world(self) -> int | None:

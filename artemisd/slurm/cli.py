@@ -172,6 +172,7 @@ def _job_from_json(entry: dict[str, Any]) -> JobInfo:
         admin_comment=str(entry.get("admin_comment") or ""),
         tasks=_count(entry.get("tasks")),
         cpus=_count(entry.get("cpus")),
+        end_time=_count(entry.get("end_time")),
         extra={"state_reason": state_reason},
     )
 

@@ -172,3 +172,15 @@ def test_a_device_that_keeps_coming_back_goes_to_a_person():
     plan = decide.plan(thrice, 0, conf, facts(node_evidence=(NOW - 5, SLOW_CLOCK)))
     assert plan.action is None and plan.escalate == "needs a person"
     assert plan.notes[0].what == "escalated: keeps coming back" and "3 recurrences" in plan.notes[0].why
+
+
+def test_the_time_left_comes_from_slurm_s_end_time_for_a_running_job():
+    from artemisd.slurm.api import JobInfo
+    from artemisd.slurm.cli import _job_from_json
+    # squeue --json of Slurm 22.05, as recorded on the test cluster: no time limit ends in a year.
+    entry = {"job_id": 4, "user_id": 0, "job_state": "RUNNING", "partition": "debug", "nodes": "n[1-3]",
+             "time_limit": None, "start_time": 1796382266, "end_time": 1827918266}
+    info = _job_from_json(entry)
+    assert info.time_left(1796382266 + 3600) == 31536000 - 3600
+    assert JobInfo("5", 0, "PENDING", end_time=1827918266).time_left(0) is None
+    assert JobInfo("6", 0, "RUNNING").time_left(0) is None
