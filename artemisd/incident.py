@@ -23,6 +23,11 @@ peers in the windows that confirmed it:
                  evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
                  the configured floor the cause is reported as ``unknown``.
+* ``recurrences`` (additive) each time the subject recovered and was confirmed
+                 again within ``RecurWindows`` (an intermittent fault that
+                 comes back): when, and how slow that time.  The onset,
+                 flagged and confirmed windows stay the first occurrence's;
+                 ratio, excess, loss, cause and evidence are the latest's.
 
 In an island of two ranks (a 2-rank job, or a pair of one make in a mixed job)
 the peers of a rank are the other rank: ``ratio`` = busy / the other rank's
@@ -193,6 +198,22 @@ class Result(BaseModel):
         return line + f"; recovered {self.recovered if judged else 'not yet judged'}"
 
 
+class Recurrence(BaseModel):
+    """The subject was healthy, then slow again and confirmed again: one more occurrence of the same fault.
+
+    ``confirmed_window`` is set by the analyzer for every recurrence it records
+    (a recurrence that never confirmed is not one); it is optional so that a
+    record written by other means still parses.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    onset_window: int
+    confirmed_window: int | None = None
+    ratio: float | None = None
+    loss_pct: float | None = None
+
+
 class Incident(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -216,6 +237,7 @@ class Incident(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
     action: Action | None = None
     result: Result | None = None
+    recurrences: list[Recurrence] = Field(default_factory=list)
 
     def advance(self, wanted: IncidentState) -> None:
         """Move along the life cycle; an illegal transition raises IllegalTransition."""

@@ -45,4 +45,5 @@ def test_contract_fields_exactly():
     assert fields == {"id", "job", "kind", "state", "rank", "node", "island", "link", "onset_window",
                       "flagged_window", "confirmed_window", "ratio", "excess_ms", "loss_pct", "cause",
                       "confidence", "evidence", "action", "result",
-                      "measured_loss_pct"}  # additive (design.md allows it): the loss the job's samples/s show
+                      "measured_loss_pct",  # additive (design.md allows it): the loss the job's samples/s show
+                      "recurrences"}  # additive: each time the same fault came back
