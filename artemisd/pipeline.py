@@ -23,6 +23,18 @@ Per window:
    ``confirmed`` and **localized** (``localize.py``), with a proposed remedy
    (``remedy.py``); stopped before persisting → ``dismissed``;
 4. learn baselines from the window's healthy parts only.
+
+A subject healthy for ``RecoverWindows`` windows has recovered: its incident
+ends (``subject_active`` turns False).  When the same subject is confirmed
+again within ``RecurWindows`` windows of its last flag, that is the same fault
+coming back, not a new one: the incident keeps its id, a ``Recurrence`` is
+appended to its ``recurrences``, and its measures, cause and evidence become
+the latest occurrence's (onset, flagged and confirmed windows stay the
+first's).  ``ingest`` then returns the incident in state ``confirmed`` with
+the grown list, and ``subject_active`` is True again until it recovers again.
+While the recurrence is only suspect nothing is returned for it (a suspect
+that never confirms is no recurrence); a matched probe asked for meanwhile
+names the incident's id.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from artemisd.baseline import JobHistory, JobSummary, RankBaseline, RankHistory,
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, agree_on_link, judge_probe
 from artemisd.frame import WindowFrame
-from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState, Recurrence
 from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler, pair_evidence
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
@@ -56,6 +68,9 @@ THROUGHPUT_DEPTH = 512  # windows of job throughput kept for verification
 STRAGGLER_SLACK = 3.0  # a step rise up to 3x the stragglers' excess is theirs: a straggler that is slow
 # at everything (CPU starved, say) is also slow in its collectives, so the step rises
 # by more than its busy excess
+# What a recurrence refreshes in its incident: the latest occurrence is the one in force.
+LATEST_OCCURRENCE_FIELDS = ("ratio", "excess_ms", "loss_pct", "measured_loss_pct", "cause", "confidence",
+                            "evidence", "action")
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,10 @@ class _Open:
     probe_waiting: bool = False  # requested, results not yet judged
     judgements: list[ProbeJudgement] = field(default_factory=list)  # job-wide subjects: every probe's
     comm_bound: bool | None = None  # a job-wide subject: its rise was in the collectives (set when confirmed)
+    last_flagged: int = -1
+    # The ended incident this subject may be coming back as; until it confirms,
+    # ``incident`` is a draft under that incident's id that nobody is shown.
+    recurrence_of: Incident | None = None
 
 
 @dataclass
@@ -106,6 +125,9 @@ class _JobState:
     probes: dict[str, dict[int, ProbeResult]] = field(default_factory=dict)
     touched: int = 0  # the analyzer's ingest count when this step last reported
     reference_key: Hashable | None = None  # the workload its reference is kept under
+    # Subjects whose confirmed incident ended, with the last window they were
+    # flagged in; kept RecurWindows windows, while coming back is a recurrence.
+    ended: dict[Hashable, tuple[Incident, int]] = field(default_factory=dict)
 
 
 class _LazyPeers:
@@ -277,11 +299,22 @@ class Analyzer:
         return updates
 
     def _new_incident(self, state: _JobState, kind: IncidentKind, seq: int, onset: int, **subject) -> Incident:
-        incident = Incident(id=f"{self.id_prefix}{self._next_id}", job=state.job, kind=kind,
-                            onset_window=onset, flagged_window=seq, **subject)
+        incident = Incident(id="", job=state.job, kind=kind, onset_window=onset, flagged_window=seq, **subject)
+        self._register(incident)
+        return incident
+
+    def _register(self, incident: Incident) -> None:
+        """Give an incident its own id and report it from now on."""
+        incident.id = f"{self.id_prefix}{self._next_id}"
         self._next_id += 1
         self.incidents.append(incident)
-        return incident
+
+    def _recurring(self, state: _JobState, key: Hashable, seq: int) -> Incident | None:
+        """The subject's ended incident, when it was last flagged within RecurWindows of ``seq``."""
+        ended = state.ended.get(key)
+        if ended is None or seq - ended[1] > self.settings.recur_windows:
+            return None
+        return ended[0]
 
     def _close_through(self, state: _JobState, seq: int) -> list[Incident]:
         updates: list[Incident] = []
@@ -441,6 +474,11 @@ class Analyzer:
         watched.subject = new
         watched.rows_key = new
         incident = watched.incident
+        if watched.recurrence_of is not None:
+            # It came back as a rank and grew into its node: a node is another
+            # subject than the rank whose incident had ended.
+            watched.recurrence_of = None
+            self._register(incident)
         incident.kind = IncidentKind.NODE
         incident.rank = None
         streak = state.persistence.streaks.pop(old, None)
@@ -497,6 +535,7 @@ class Analyzer:
             return
         if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
             watched.healthy_windows = 0  # a confirmed incident still in force
+            watched.last_flagged = seq
             return
         if watched is None:
             kind = {"rank": IncidentKind.RANK, "node": IncidentKind.NODE,
@@ -509,19 +548,49 @@ class Analyzer:
                 subject = {"node": key[1]}
             if "island" in context:
                 subject["island"] = context["island"]
-            incident = self._new_incident(state, kind, seq, streak.onset, **subject)
-            watched = state.open[key] = _Open(incident, key, key)
+            recurring = self._recurring(state, key, seq)
+            if recurring is None:
+                incident = self._new_incident(state, kind, seq, streak.onset, **subject)
+            else:
+                incident = Incident(id=recurring.id, job=state.job, kind=kind, onset_window=streak.onset,
+                                    flagged_window=seq, **subject)
+            watched = state.open[key] = _Open(incident, key, key, recurrence_of=recurring)
             if self.active_probe and key[0] in ("rank", "node", "job"):
                 # A job-wide slowdown has no suspect rank; its probe is about the links.
                 self._request_probe(state, watched, frame, context.get("rows", np.array([], dtype=int)))
         watched.measures.append(measures())
+        watched.last_flagged = seq
         incident = watched.incident
         incident.flagged_window = seq
-        changed[incident.id] = incident
+        if watched.recurrence_of is None:
+            changed[incident.id] = incident
         if verdict is not Verdict.CONFIRMED:
             return
         incident.onset_window = streak.onset
         self._confirm(state, watched, seq, frame, diagnose, context)
+        if watched.recurrence_of is not None:
+            self._recur(state, watched, changed)
+
+    def _recur(self, state: _JobState, watched: _Open, changed: dict[str, Incident]) -> None:
+        """A subject whose incident had ended is confirmed again: record the recurrence in that incident."""
+        first, latest = watched.recurrence_of, watched.incident
+        assert first is not None
+        watched.recurrence_of = None
+        subject = ("kind", "rank", "node", "link", "island")
+        if any(getattr(latest, f) != getattr(first, f) for f in subject):
+            # A job-wide slowdown localised elsewhere this time (another link,
+            # another island): another subject, so another incident.
+            self._register(latest)
+            changed[latest.id] = latest
+            return
+        first.recurrences.append(Recurrence(onset_window=latest.onset_window, confirmed_window=latest.confirmed_window,
+                                            ratio=latest.ratio, loss_pct=latest.loss_pct))
+        for name in LATEST_OCCURRENCE_FIELDS:
+            setattr(first, name, getattr(latest, name))
+        watched.incident = first
+        state.ended.pop(watched.subject, None)
+        self._ended.pop(first.id, None)
+        changed[first.id] = first
 
     def _confirm(self, state: _JobState, watched: _Open, seq: int, frame: WindowFrame,
                  diagnose: Callable[..., Diagnosis] | None, context: dict) -> None:
@@ -559,7 +628,8 @@ class Analyzer:
             watched = state.open.get(key)
             if watched is not None and watched.incident.state is IncidentState.SUSPECT:
                 watched.incident.advance(IncidentState.DISMISSED)
-                changed[watched.incident.id] = watched.incident
+                if watched.recurrence_of is None:  # a recurrence's draft was never shown
+                    changed[watched.incident.id] = watched.incident
                 del state.open[key]
         for key, watched in list(state.open.items()):
             if key in flagged or watched.incident.state is IncidentState.SUSPECT:
@@ -567,8 +637,13 @@ class Analyzer:
             watched.healthy_windows += 1
             if watched.healthy_windows >= self.settings.recover_windows:
                 self._ended[watched.incident.id] = seq
+                if self.settings.recur_windows > 0:
+                    state.ended[key] = (watched.incident, watched.last_flagged)
                 state.persistence.forget(key)
                 del state.open[key]
+        for key, (_, last_flagged) in list(state.ended.items()):
+            if seq - last_flagged > self.settings.recur_windows and key not in state.open:
+                del state.ended[key]
 
     # -- active probe ------------------------------------------------------------
 
