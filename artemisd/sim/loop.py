@@ -144,7 +144,7 @@ class Loop:
         if t is None:
             if inc.state is S.DISMISSED:
                 return
-            t = Tracked(inc.model_copy(deep=True, update={"action": inc.action}), now, step=step)
+            t = Tracked(inc.model_copy(deep=True), now, step=step)
             self._tracked[inc.id] = t
             if t.inc.state is S.CONFIRMED:
                 self._confirmed(t, now)
@@ -249,9 +249,10 @@ class Loop:
             if self.approve_all:
                 self._note(now, inc.id, AUTO_APPROVER, f"{action.kind} {action.target}: approved automatically",
                            "replayed with --approve-all: every approval is given")
-                self._approve(row, t, AUTO_APPROVER, now)
-            else:
-                self._escalate(t, plan.escalate or "", plan.recommended, now)
+                if self._approve(row, t, AUTO_APPROVER, now):
+                    return
+            # Waiting for a person (or refused at approval by the budget): they are told.
+            self._escalate(t, plan.escalate or "", plan.recommended, now)
             return
         if plan.escalate is not None:
             inc.action = Action(kind="escalate", target=inc.job, status="done")
