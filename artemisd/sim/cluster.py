@@ -109,8 +109,14 @@ class _Job:
         return JobInfo(job_id=self.job_id, user_id=self.user_id, state=self.state, partition=self.partition,
                        nodes=self.nodes, batch=self.batch, requeue=self.requeue, held=self.held,
                        excluded_nodes=self.excluded, features=self.features, admin_comment=self.admin_comment,
-                       tasks=self.tasks, cpus=self.tasks,
+                       tasks=self.tasks, cpus=self.tasks, end_time=self.end_time(),
                        extra={"restarts": str(self.restarts)})
+
+    def end_time(self) -> float | None:
+        """When a running job reaches its time limit (squeue's end_time)."""
+        if self.state != RUNNING or self.time_limit_s is None or self.started_at is None:
+            return None
+        return self.started_at + self.time_limit_s
 
 
 class SimSlurm:

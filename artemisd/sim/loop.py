@@ -152,7 +152,7 @@ class Loop:
             told, seen = _diagnosis(t.inc), len(t.inc.recurrences)
             for key, value in inc.model_dump(exclude={"id", "state", "action", "result"}).items():
                 setattr(t.inc, key, value)
-            if len(t.inc.recurrences) > seen:
+            if len(t.inc.recurrences) > seen and inc.state is S.CONFIRMED:
                 self._recurred(t, now)
             if _diagnosis(t.inc) != told and t.inc.state in (S.ESCALATED, S.UNRESOLVED) and not any(
                     r.status in (*OPEN, "pending_approval") for r in self._rows_of(inc.id)):
@@ -179,15 +179,28 @@ class Loop:
             t.measured_loss_pct = measured_loss_pct
 
     def _recurred(self, t: Tracked, now: float) -> None:
-        """The subject was healthy and is confirmed again: the same fault came back."""
+        """The subject recovered and was confirmed slow again: the same incident, one more recurrence.
+
+        As the daemon does (``Daemon._recurred``, ``Ledger.reopen``): a resolved
+        incident is reopened and decided again from the start of its ladder
+        (``decide.plan`` sends it to a person once ``RecurEscalate`` recurrences
+        say the fix does not hold); one still open that waits for a person or
+        a next rung is decided again.
+        """
         inc = t.inc
-        why = f"occurrence {len(inc.recurrences) + 1} (RecurEscalate={self.config.daemon.recur_escalate})"
+        latest = inc.recurrences[-1]
+        why = (f"recurrence {len(inc.recurrences)}: slow again from window {latest.onset_window}, confirmed at "
+               f"{latest.confirmed_window}" + (f", {latest.ratio:.2f}x" if latest.ratio is not None else ""))
+        t.held_noted = t.not_back_noted = False
+        self._note(now, inc.id, "analyzer", "recurred", why)
+        if inc.state is S.RESOLVED:
+            # The one way out of resolved (the life cycle has no transition for it).
+            inc.state = S.CONFIRMED
+            inc.action, inc.result = None, None
+            t.decide, t.plan_step, t.acted_at = True, 0, None
+            return
         if inc.state in DECIDABLE and not any(r.status in (*OPEN, "pending_approval") for r in self._rows_of(inc.id)):
-            # Decided again: a device that keeps coming back goes to a person (decide.ladder_of).
             t.decide = True
-            self._note(now, inc.id, "analyzer", "recurred", why)
-        else:
-            self._note(now, inc.id, "analyzer", f"recurred while {inc.state.value}", why)
 
     def node_event(self, node: str, received: float, body: dict[str, Any]) -> None:
         """A root-side node event (the node check's, the prolog's): evidence for hard actions and rollbacks."""
@@ -546,6 +559,7 @@ class Loop:
 
     def _facts(self, t: Tracked, partition: str | None, nodes: tuple[NodeInfo, ...], now: float) -> decide.Facts:
         inc = t.inc
+        job = self.slurm.job(inc.job)
         targets = {x for x in (inc.node, inc.link, inc.job, f"{inc.job}:{inc.rank}" if inc.rank is not None
                                else None) if x}
         last: dict[str, float] = {}
@@ -556,8 +570,8 @@ class Loop:
         time_left = None
         if t.time_left is not None:
             time_left = max(0.0, t.time_left[1] - (now - t.time_left[0]))
-        elif callable(getattr(self.slurm, "time_left_s", None)):
-            time_left = self.slurm.time_left_s(inc.job)  # type: ignore[attr-defined]
+        elif job is not None:
+            time_left = job.time_left(now)  # as the daemon reads it: the job's end_time in Slurm
         return decide.Facts(
             now=now, partition=partition, nodes=nodes, drains=self.drain_records(), last_action=last,
             rebalance_opt_in=t.rebalance_opt_in, node_evidence=self._evidence_of(t, inc.node),

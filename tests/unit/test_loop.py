@@ -12,7 +12,7 @@ import pytest
 
 from artemisd.act import Outcome
 from artemisd.config import parse_config_text
-from artemisd.incident import Incident, IncidentState
+from artemisd.incident import Incident, IncidentState, Recurrence
 from artemisd.sim.cluster import SimSlurm
 from artemisd.sim.loop import Loop
 from artemisd.verify import Evidence, WindowShape
@@ -372,3 +372,26 @@ def test_a_subject_healthy_again_resolves_only_when_throughput_agrees():
     assert loop.subject_recovered("INC-1", T0 + 20, Verification(True, True, HEALTHY, 99.0, "back"))
     assert loop.incident("INC-1").state is S.RESOLVED
     assert whats(loop, "INC-1")[-2:] == ["subject healthy, job throughput not back", "resolved"]
+
+
+def test_a_fault_that_comes_back_reopens_its_incident_and_goes_to_a_person_once_it_keeps_coming_back():
+    slurm = cluster()
+    slurm.add_job("7", ["n0", "n1"], "gpu")
+    loop = Loop(conf("Auto=correct,drain,requeue,escalate", "RecurEscalate=2"), slurm)
+    first = incident(1, "7", "n1", cause="gpu.clocks")
+    observe(loop, first)
+    loop.tick(T0 + 1)
+    assert loop.verify("INC-1", evidence(99.0), T0 + 300).state == "resolved"
+    back = [Recurrence(onset_window=30, confirmed_window=31, ratio=1.3, loss_pct=18.0)]
+    observe(loop, first.model_copy(update={"recurrences": back}), now=T0 + 900)
+    inc = loop.incident("INC-1")
+    assert inc.state is S.CONFIRMED and inc.action is None and inc.result is None
+    loop.tick(T0 + 901)  # decided again from the ladder's start: corrected again
+    assert [k for k, _, _ in kinds(loop, "INC-1")] == ["correct", "correct"]
+    assert loop.verify("INC-1", evidence(99.0), T0 + 1200).state == "resolved"
+    back = back + [Recurrence(onset_window=50, confirmed_window=51, ratio=1.3, loss_pct=18.0)]
+    observe(loop, first.model_copy(update={"recurrences": back}), now=T0 + 1800)
+    loop.tick(T0 + 1801)
+    assert loop.incident("INC-1").state is S.ESCALATED
+    assert [k for k, _, _ in kinds(loop, "INC-1")] == ["correct", "correct", "escalate"]
+    assert whats(loop, "INC-1").count("recurred") == 2 and "escalated: keeps coming back" in whats(loop, "INC-1")

@@ -168,7 +168,7 @@ def test_time_limits_end_jobs_and_say_how_long_is_left():
     slurm = cluster()
     slurm.add_job("7", ["n0"], "gpu", time_limit_s=3600.0)
     slurm.advance_to(1000.0 + 600.0)
-    assert slurm.time_left_s("7") == 3000.0
+    assert slurm.time_left_s("7") == 3000.0 and slurm.job("7").time_left(slurm.clock()) == 3000.0
     slurm.advance_to(1000.0 + 3600.0)
     assert slurm.job("7").state == "TIMEOUT" and slurm.time_left_s("7") is None
     assert states(slurm, "n0") == {"IDLE"}
