@@ -129,6 +129,8 @@ class SimSlurm:
         self.start_delay_s = float(start_delay_s)
         self._nodes: dict[str, _Node] = {}
         self._jobs: dict[str, _Job] = {}
+        # Jobs not finished: what scheduling passes walk (a fleet accumulates thousands of finished ones).
+        self._live: set[str] = set()
         self._users = dict(users or {})
         self._log: deque[SimEvent] = deque(maxlen=log_size)
         self.logged = 0  # events ever logged (the log keeps the last ``log_size``)
@@ -172,6 +174,7 @@ class SimSlurm:
                    features=features)
         if isinstance(nodes, int):
             self._jobs[job_id] = job
+            self._live.add(job_id)
             self._event("slurm", "submit", job_id, f"{count} node(s) in {partition}")
             self.schedule()
             return job.info()
@@ -185,6 +188,7 @@ class SimSlurm:
             if self._free_gpus(node) < self._need(job, node):
                 raise ValueError(f"node {name} has no free GPUs for job {job_id}")
         self._jobs[job_id] = job
+        self._live.add(job_id)
         self._start(job, names, self._now if start is None else float(start))
         return job.info()
 
@@ -234,7 +238,8 @@ class SimSlurm:
         return tuple(self._nodes[n].info() for n in sorted(self._nodes))
 
     def jobs(self) -> tuple[JobInfo, ...]:
-        return tuple(j.info() for j in self._sorted_jobs())
+        """Every job, finished ones too, in job id order."""
+        return tuple(self._jobs[j].info() for j in sorted(self._jobs, key=_job_key))
 
     def events(self) -> list[SimEvent]:
         """The last events (bounded), oldest first."""
@@ -354,6 +359,7 @@ class SimSlurm:
 
     def _finish(self, job: _Job, state: str, who: str) -> None:
         self._free(job)
+        self._live.discard(job.job_id)
         job.state, job.held, job.ended_at = state, False, self._now
         self._event(who, "end", job.job_id, state)
 
@@ -390,7 +396,8 @@ class SimSlurm:
         return job
 
     def _sorted_jobs(self) -> list[_Job]:
-        return [self._jobs[j] for j in sorted(self._jobs, key=_job_key)]
+        """The jobs not finished, in job id order."""
+        return [self._jobs[j] for j in sorted(self._live, key=_job_key)]
 
     def _event(self, who: str, what: str, target: str, detail: str = "") -> None:
         self._log.append(SimEvent(self._now, who, what, target, detail))

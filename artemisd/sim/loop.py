@@ -123,6 +123,8 @@ class Loop:
         self.on_action = on_action
         self.silence_s = silence_s
         self._tracked: dict[str, Tracked] = {}
+        # Incidents not closed, in the order seen: what a tick walks (closed ones leave it lazily).
+        self._open: dict[str, Tracked] = {}
         self._rows: list[ActionRow] = []
         self._notes: list[Note] = []
         self._refusals: list[Refusal] = []
@@ -146,6 +148,7 @@ class Loop:
                 return
             t = Tracked(inc.model_copy(deep=True), now, step=step)
             self._tracked[inc.id] = t
+            self._open[inc.id] = t
             if t.inc.state is S.CONFIRMED:
                 self._confirmed(t, now)
         else:
@@ -198,6 +201,7 @@ class Loop:
             inc.state = S.CONFIRMED
             inc.action, inc.result = None, None
             t.decide, t.plan_step, t.acted_at = True, 0, None
+            self._open[inc.id] = t
             return
         if inc.state in DECIDABLE and not any(r.status in (*OPEN, "pending_approval") for r in self._rows_of(inc.id)):
             t.decide = True
@@ -217,8 +221,10 @@ class Loop:
 
     def tick(self, now: float) -> None:
         """Decide every incident that needs a decision, and perform what was decided."""
-        for t in list(self._tracked.values()):
-            if t.decide and t.inc.state in DECIDABLE:
+        for incident_id, t in list(self._open.items()):
+            if t.inc.state in FINAL:
+                del self._open[incident_id]
+            elif t.decide and t.inc.state in DECIDABLE:
                 self._decide(t, now)
 
     def _decide(self, t: Tracked, now: float) -> None:
