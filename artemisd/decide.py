@@ -28,7 +28,7 @@ from typing import Any
 
 from artemisd import policy
 from artemisd.config import Config, PartitionPolicy
-from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
+from artemisd.incident import Action, Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.remedy import propose
 from artemisd.slurm.api import REASON_PREFIX, NodeInfo
 
@@ -95,12 +95,13 @@ class Step:
         """The incident contract's ``action.status`` for a rung that was only planned."""
         return {"auto": "proposed", "approve": "pending_approval"}.get(self.mode, "refused")
 
+    def as_action(self) -> Action:
+        """The incident contract's ``action`` for a rung that was only planned (replay, the plan list)."""
+        return Action(kind=self.kind, target=self.target, status=self.contract_status(),
+                      reversible=self.reversible, reason=self.why or None)
+
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "target": self.target, "status": self.contract_status(),
-                               "reversible": self.reversible}
-        if self.mode == "recommend" or self.why:
-            out["reason"] = self.why
-        return out
+        return self.as_action().model_dump(mode="json")
 
 
 @dataclass(frozen=True)
@@ -415,6 +416,17 @@ def after_drain(inc: Incident, pol: PartitionPolicy, facts: Facts, rung_approved
         return FollowUp(escalate=f"drained {node}; the job keeps running on it: {price.why}")
     why = "requeue is not allowed" if mode == "recommend" else "requeue needs approval"
     return FollowUp(escalate=f"drained {node}; the job still runs on it and needs a restart ({why})")
+
+
+def rung_happened(kind: str, status: str) -> bool:
+    """Does the rung count as done (verify it) after this action ended with ``status``?
+
+    A ``constrain`` is the tail of a drain and a requeue that did happen: when it
+    cannot narrow the job (a released job can start before the next turn, and
+    Features change only while it is pending) the rung is still verified on what
+    was done; any other action that did not complete did not happen.
+    """
+    return status == "done" or kind == "constrain"
 
 
 def after_requeue(inc: Incident, pol: PartitionPolicy) -> FollowUp:

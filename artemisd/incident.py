@@ -40,7 +40,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class IncidentKind(StrEnum):
@@ -139,7 +139,7 @@ ActionKind = Literal[
     "none", "rebalance", "correct", "drain", "requeue", "constrain", "escalate", "recommend"
 ]
 ActionStatus = Literal[
-    "proposed", "pending_approval", "denied", "running", "done", "failed", "rolled_back", "skipped"
+    "proposed", "pending_approval", "denied", "refused", "running", "done", "failed", "rolled_back", "skipped"
 ]
 
 
@@ -150,6 +150,16 @@ class Action(BaseModel):
     target: str | None = None
     status: ActionStatus = "proposed"
     reversible: bool = False
+    # Additive (design.md §4): what refused it (a budget, a rule), or why it was done as it was.
+    reason: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_reason(self, handler):
+        # Readers written before ``reason`` existed compare actions as they were: no key when empty.
+        out = handler(self)
+        if out.get("reason") is None:
+            out.pop("reason", None)
+        return out
 
 
 class Result(BaseModel):

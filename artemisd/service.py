@@ -896,7 +896,7 @@ class Daemon:
             if follow.kind is not None:
                 self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)
                 return
-        if outcome.status == "done":
+        if decide.rung_happened(row.kind, outcome.status):
             if inc.action is not None:
                 inc.action.status = "done"
             stored.action_window = self._last_window(inc, stored)

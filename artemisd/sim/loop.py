@@ -344,7 +344,7 @@ class Loop:
                 inc.advance(S.ESCALATED)
                 self._escalate(t, follow.escalate, (), now)
                 return
-        if outcome.status == "done":
+        if decide.rung_happened(row.kind, outcome.status):
             if inc.action is not None:
                 inc.action.status = "done"
             t.acted_at = now

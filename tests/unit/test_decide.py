@@ -184,3 +184,18 @@ def test_the_time_left_comes_from_slurm_s_end_time_for_a_running_job():
     assert info.time_left(1796382266 + 3600) == 31536000 - 3600
     assert JobInfo("5", 0, "PENDING", end_time=1827918266).time_left(0) is None
     assert JobInfo("6", 0, "RUNNING").time_left(0) is None
+
+
+def test_a_constraint_that_comes_too_late_does_not_undo_a_drain_and_requeue_that_happened():
+    # A released job may be running before the next turn; Features change only while pending.
+    assert decide.rung_happened("constrain", "failed") and decide.rung_happened("requeue", "done")
+    assert not decide.rung_happened("drain", "failed") and not decide.rung_happened("correct", "skipped")
+
+
+def test_a_planned_rung_is_a_contract_action_with_its_reason():
+    conf = config("PartitionPolicy=gpu Auto=escalate Approve=drain MaxDrainFraction=0.1")
+    full = facts(nodes=nodes(10, {"n5": "artemis: INC-0 gpu.thermal"}))
+    [drain, escalate] = decide.plan(incident(Cause.GPU_THERMAL), 0, conf, full).walked
+    assert drain.as_json() == {"kind": "drain", "target": "n2", "status": "refused", "reversible": True,
+                               "reason": drain.why}
+    assert escalate.as_action().status == "proposed"
