@@ -135,3 +135,55 @@ def test_collective_time_is_the_step_less_the_slowest_ranks_busy():
     assert collective_time(np.array([23.9, 23.4, 24.0]), np.array([11.1, 10.7, 10.0])) == pytest.approx(12.8)
     assert collective_time(np.array([10.0, 10.0]), np.array([12.0, 9.0])) == 0.0  # never negative
     assert collective_time(None, np.array([1.0])) is None
+
+
+# --- verdict: the transition and the rollbacks, on plain values ---------------------------------
+
+def _shapes(throughputs, start=0):
+    from artemisd.verify import WindowShape
+    return [WindowShape(start + i, t, 8, 64.0, 50.0) for i, t in enumerate(throughputs)]
+
+
+def _evidence(after, *, restarted=False, last_seen=1000.0):
+    from artemisd.verify import Evidence
+    origin = _shapes([300.0] * 10 + [240.0] * 4)  # healthy 0-9, slowed from window 10, acted after 13
+    current = _shapes(after, 0) if restarted else origin + _shapes(after, 14)
+    return Evidence(300.0, origin, current, restarted, 10, 13, last_seen)
+
+
+def test_verdict_resolved_when_throughput_came_back():
+    from artemisd.verify import verdict
+    v = verdict("job", "unknown", _evidence([250.0, 298.0, 301.0, 299.0]), 3, 0.95, 3, 1000.0, 3600.0,
+                [(1, "rebalance", "7:2")])
+    assert v.state == "resolved" and v.rollbacks == () and v.verification.after == 299.0
+
+
+def test_verdict_waits_then_says_a_silent_job_cannot_be_measured():
+    from artemisd.verify import verdict
+    waiting = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0]), 3, 0.95, 3, 1000.0, 3600.0, [])
+    assert waiting.state is None and not waiting.verification.done
+    silent = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0], last_seen=0.0), 3, 0.95, 3, 4000.0, 3600.0,
+                     [(1, "drain", "n2")], job="7")
+    assert silent.state == "unresolved" and silent.verification.recovered is None
+    assert "no windows from job 7 for 4000 s" in silent.verification.note
+    assert silent.rollbacks == ()  # unmeasured: nothing is undone
+
+
+def test_verdict_undoes_what_did_not_help_but_keeps_a_drain_whose_node_still_shows_the_fault():
+    from artemisd.verify import Undo, verdict
+    done = [(1, "rebalance", "7:2"), (2, "drain", "n2"), (3, "requeue", "7"), (4, "drain", "n3")]
+    v = verdict("job", "unknown", _evidence([240.0, 241.0, 239.0, 240.0]), 3, 0.95, 3, 1000.0, 3600.0, done,
+                {"n2": None, "n3": "gpu 0 thermal throttle ['sw_thermal']"})
+    assert v.state == "unresolved" and v.verification.recovered is False
+    assert v.rollbacks == (Undo(1, "rebalance", "7:2", True, "no recovery"),
+                           Undo(2, "drain", "n2", True, "no recovery"),
+                           Undo(4, "drain", "n3", False, "gpu 0 thermal throttle ['sw_thermal']"))
+    assert not v.rolled_back  # one drain had to stay
+
+
+def test_verdict_on_a_requeued_job_skips_its_warm_up():
+    from artemisd.verify import verdict
+    # New run: three warm-up windows (imports, first batches), then back at healthy speed.
+    v = verdict("rank", "gpu.thermal", _evidence([90.0, 150.0, 200.0, 299.0, 300.0, 302.0], restarted=True),
+                3, 0.95, 3, 1000.0, 3600.0, [(2, "drain", "n2")])
+    assert v.state == "resolved" and v.verification.after == 300.0
