@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from artemisd.sim import AMD_MI300X, NVIDIA_H100, FaultSpec, Fleet, FleetSpec, JobSpec, NoiseSpec
+from artemisd.sim.closedloop import MODES
 from artemisd.sim.scenarios import change_pair
 from artemisd.sim.spec import CHANGE_CAUSES, DENSE_NOISE, VARLEN_NOISE, describe
 
@@ -24,6 +25,11 @@ examples:
 
 Writes run.jsonl (window reports and node events in arrival order) and
 run.truth.json (injected faults, healthy-but-slow GPUs, transients).
+
+closed loop at fleet scale (no trace; prints the GPU-hours each mode loses):
+  artemis sim --fleet --nodes 1024 --days 3 --seed 1
+  artemis sim --fleet --mode artemis --policy /etc/artemis/artemis.conf
+  artemis sim --fleet --nodes 64 --days 0.5 --json fleet.json
 """
 
 
@@ -32,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sim", help="simulate a training fleet into a wire-format trace with ground truth",
         description="Write a simulated training-fleet trace (wire v1) and its ground truth.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", type=Path, help="output trace (JSON Lines); the truth goes beside it")
+    p.add_argument("trace", type=Path, nargs="?",
+                   help="output trace (JSON Lines); the truth goes beside it (not with --fleet)")
     p.add_argument("--spec", type=Path, help="FleetSpec JSON; replaces the job options below")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
     p.add_argument("--jobs", type=int, default=1, help="independent jobs in the fleet (default 1)")
@@ -48,6 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="inject a fault into the first job (repeatable); keys are FaultSpec fields")
     p.add_argument("--probe-after", type=int, help="a matched-probe block this many windows after each onset")
     p.add_argument("--dump-spec", action="store_true", help="print the FleetSpec JSON instead of simulating")
+    fleet = p.add_argument_group("closed loop at fleet scale (--fleet; docs/benchmarks.md)")
+    fleet.add_argument("--fleet", action="store_true",
+                       help="run the closed-loop fleet simulation instead of writing a trace")
+    fleet.add_argument("--nodes", type=int, default=1024, help="nodes of 8 GPUs (default 1024)")
+    fleet.add_argument("--days", type=float, default=3.0, help="simulated days (default 3)")
+    fleet.add_argument("--mode", choices=("all", *MODES), default="all",
+                       help="who acts: none, person (detect-only), artemis (--policy or the shipped "
+                            "defaults), artemis-auto (every rung automatic); default all, on the same fleet")
+    fleet.add_argument("--policy", type=Path, help="artemis.conf for the artemis mode (default: shipped defaults)")
+    fleet.add_argument("--link-probes", action="store_true",
+                       help="assume the live daemon's matched probes name every degraded link (not measured)")
+    fleet.add_argument("--json", type=Path, help="also write every mode's numbers as JSON here")
     p.set_defaults(func=run)
 
 
@@ -117,7 +136,36 @@ def build_spec(args: argparse.Namespace) -> FleetSpec:
     return FleetSpec(seed=args.seed, jobs=tuple(JobSpec.model_validate(j.model_dump()) for j in jobs))
 
 
+def run_fleet_cli(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from artemisd.config import ConfigError
+    from artemisd.sim.closedloop import FleetParams, run_fleet, summary
+
+    if args.nodes < 1 or not 0 < args.days <= 365:
+        print("artemis sim: --nodes must be at least 1 and --days in (0, 365]", file=sys.stderr)
+        return 2
+    params = replace(FleetParams(), nodes=args.nodes, days=args.days, seed=args.seed)
+    modes = MODES if args.mode == "all" else (args.mode,)
+    try:
+        results = run_fleet(params, modes, policy=args.policy, link_probes=args.link_probes)
+    except (ConfigError, OSError) as err:
+        print(f"artemis sim: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.nodes} nodes x 8 GPUs, {args.days:g} days, seed {args.seed}"
+          + (" (links named by probes: assumed)" if args.link_probes else ""))
+    print(summary(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps({m: r.as_json() for m, r in results.items()}, indent=1) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.fleet:
+        return run_fleet_cli(args)
+    if args.trace is None:
+        print("artemis sim: a trace file is needed (or --fleet)", file=sys.stderr)
+        return 2
     try:
         spec = build_spec(args)
     except ValidationError as err:
