@@ -98,9 +98,10 @@ def prices(results: dict[str, ModeResult]) -> list[str]:
             lines += [f"    {e}" for e in r.wait_examples[:3]]
         if r.person_requeue_prices:
             refused = [p for p in r.person_requeue_prices if not p[0]]
+            why = (f" (requeue {sum(p[1] for p in refused):.0f} GPU-h expected against "
+                   f"{sum(p[2] for p in refused):.0f} GPU-h of slowdown left)") if refused else ""
             lines.append(f"{label}: {len(r.person_requeue_prices)} requeue(s) by the person; the loop's price would "
-                         f"have refused {len(refused)} (requeue {sum(p[1] for p in refused):.0f} GPU-h expected "
-                         f"against {sum(p[2] for p in refused):.0f} GPU-h of slowdown left)")
+                         f"have refused {len(refused)}{why}")
     return lines
 
 
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", type=Path, help="artemis.conf for the artemis mode (default: shipped defaults)")
     p.add_argument("--json", type=Path, default=Path("fleet.json"), help="results as JSON (default fleet.json)")
     p.add_argument("--plot", type=Path, default=Path("fleet.png"), help="the plot (default fleet.png)")
+    p.add_argument("--calibration", type=int, metavar="SEEDS",
+                   help="only the no-action mode on seeds 1..SEEDS: the share of jobs that meet a fault and of "
+                        "GPU-hours lost (the rates are set so that these match Lin et al.'s 42.5 %% and 10.4 %%)")
     p.add_argument("--measure-detection", action="store_true",
                    help="re-measure the per-cause detection model from the held-out accuracy suites and print it")
     args = p.parse_args(argv)
@@ -196,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         params = replace(params, nodes=args.nodes)
     if args.days is not None:
         params = replace(params, days=args.days)
+    if args.calibration:
+        shares = []
+        for seed in range(1, args.calibration + 1):
+            r = FleetSim(draw_scenario(replace(params, seed=seed)), "none").run()
+            shares.append((100.0 * r.faulty_jobs / r.jobs_started, 100.0 * r.lost_gpu_hours / r.gpu_hours_total))
+            print(f"seed {seed}: {r.jobs_started} jobs, {r.faults} hardware faults, {shares[-1][0]:.1f} % of jobs "
+                  f"met a fault, {shares[-1][1]:.2f} % of GPU-hours lost", flush=True)
+        print(f"mean: {sum(s[0] for s in shares) / len(shares):.1f} % of jobs, "
+              f"{sum(s[1] for s in shares) / len(shares):.2f} % of GPU-hours (Lin et al.: 42.5 %, 10.4 %)")
+        return 0
     started = time.perf_counter()
     results = run(params, args.policy)
     took = time.perf_counter() - started

@@ -138,8 +138,8 @@ class FleetParams:
     offered_load: float = 0.95  # node-hours submitted per node-hour of the cluster
     checkpoint_min: tuple[float, float] = (15.0, 60.0)  # per job, uniform
     restart_min: tuple[float, float] = (3.0, 10.0)  # per job, uniform
-    hardware_per_node_day: float = 0.018  # gpu.thermal, gpu.power, gpu.clocks, comm.link together
-    transient_per_job_hour: float = 0.10  # host.cpu, input.loader, input.storage together
+    hardware_per_node_day: float = 0.016  # gpu.thermal, gpu.power, gpu.clocks, comm.link together
+    transient_per_job_hour: float = 0.09  # host.cpu, input.loader, input.storage together
     false_per_window: float = FALSE_INCIDENTS_PER_WINDOW
     magnitude: tuple[float, float] = (0.05, 0.40)  # log-uniform: busy (or step) time rises by m
     person_response_s: float = 1800.0  # Minder (NSDI'25): 30+ min on average to find a faulty machine
@@ -507,7 +507,7 @@ class FleetSim:
         self.free: set[int] = set(range(p.nodes))
         self.drained: dict[int, tuple[str, float, bool]] = {}  # node -> (who drained it, when, healthy then)
         self.node_job: dict[int, str] = {}
-        self.node_fault: dict[int, Fault] = {}
+        self.node_faults: dict[int, list[Fault]] = {}  # hardware faults a node ever had
         self.job_faults: dict[str, list[Fault]] = {}
         self.events: list[tuple[float, int, str, Any]] = []
         self._seq = 0
@@ -649,8 +649,7 @@ class FleetSim:
         self._restep(job)
         # A node that is already faulty slows the new run from its first window.
         for n in nodes:
-            f = self.node_fault.get(n)
-            if f is not None and f.active(self.now):
+            for f in self._active_on(n):
                 self._encounter(f, job, job.run.windows_from)
 
     def _sync_requeued(self) -> None:
@@ -718,8 +717,7 @@ class FleetSim:
         """Active faults slowing the job, with the rank they slow (None: node-wide or link)."""
         out: list[tuple[Fault, int | None]] = []
         for pos, n in enumerate(job.run.nodes):
-            f = self.node_fault.get(n)
-            if f is not None and f.active(self.now):
+            for f in self._active_on(n):
                 out.append((f, None if f.cause == "comm.link" else pos * self.p.gpus_per_node + f.gpu))
         for f in self.job_faults.get(job.spec.id, ()):
             if f.active(self.now):
@@ -822,11 +820,14 @@ class FleetSim:
 
     # --- faults ------------------------------------------------------------------------------------------
 
+    def _active_on(self, node: int, at: float | None = None) -> list[Fault]:
+        when = self.now if at is None else at
+        return [f for f in self.node_faults.get(node, ()) if f.active(when) and f.onset <= when]
+
     def _ev_node_fault(self, spec: NodeFaultSpec) -> None:
-        if spec.node in self.node_fault and self.node_fault[spec.node].active(self.now):
-            return  # one hardware fault per node at a time
+        # Every drawn fault arrives, in every mode (a node may have a hot GPU and a bad link at once).
         f = Fault(f"HW-{spec.id}", spec.cause, spec.magnitude, spec.node, spec.gpu, self.now)
-        self.node_fault[spec.node] = f
+        self.node_faults.setdefault(spec.node, []).append(f)
         self.result.faults += 1
         job_id = self.node_job.get(spec.node)
         if job_id is not None:
@@ -1003,8 +1004,7 @@ class FleetSim:
         if len(self._checks) > 4096:
             self._checks.clear()
         loaded = node in self.node_job
-        f = self.node_fault.get(node)
-        f = f if f is not None and f.active(taken) else None
+        faults = self._active_on(node, taken)
         decoy = random.Random(f"{p.seed}:decoy:{node}:{taken:.0f}")
         gpus = []
         for i in range(p.gpus_per_node):
@@ -1015,7 +1015,9 @@ class FleetSim:
                                  "util_pct": 97 if loaded else 0, "throttle": [] if loaded else ["idle"]}
             if loaded and decoy.random() < p.decoy_rate:
                 g["throttle"] = ["sw_power_cap"]  # the benign cap healthy GPUs show at full load
-            if f is not None and f.gpu == i:
+            for f in faults:
+                if f.gpu != i or f.cause == "comm.link":
+                    continue
                 slowed = round(HEALTHY_CLOCK_MHZ / (1.0 + f.magnitude))
                 if f.cause == "gpu.thermal":
                     g.update(temp_c=90, throttle=["sw_thermal"], sm_clock_mhz=slowed if loaded else 210)
@@ -1026,7 +1028,8 @@ class FleetSim:
                 elif f.cause == "gpu.clocks" and loaded:
                     g.update(sm_clock_mhz=slowed, throttle=[])
             gpus.append(g)
-        retransmits = 20.0 if f is not None and f.cause == "comm.link" and loaded else 0.0
+        link = any(f.cause == "comm.link" for f in faults)
+        retransmits = 20.0 if link and loaded else 0.0  # retransmits need traffic
         body = {"type": "node", "v": 1, "event": "health", "node": self.names[node], "time": taken,
                 "gpus": gpus, "host": {"net_retransmits_per_s": retransmits}}
         self._checks[(node, taken)] = (taken, body)
@@ -1265,10 +1268,10 @@ class FleetSim:
         elif kind == "correct":
             self.result.corrections += 1
             node = self.index[params["node"]]
-            f = self.node_fault.get(node)
             fixes = CORRECTION_FIXES.get(params.get("kind", ""))
-            if f is not None and f.active(self.now) and f.cause == fixes and params.get("gpu") in (None, f.gpu):
-                self._fix(f, "correction")
+            for f in self._active_on(node):
+                if f.cause == fixes and params.get("gpu") in (None, f.gpu):
+                    self._fix(f, "correction")
         elif kind == "drain":
             self._drained(self.index[params["node"]], "artemis")
         elif kind == "undrain":
@@ -1299,8 +1302,7 @@ class FleetSim:
     def _drained(self, node: int, who: str) -> None:
         if node in self.drained:
             return
-        f = self.node_fault.get(node)
-        healthy = f is None or not f.active(self.now)
+        healthy = not self._active_on(node)
         self.drained[node] = (who, self.now, healthy)
         self.free.discard(node)
         r = self.result
@@ -1324,8 +1326,7 @@ class FleetSim:
         if node in self.node_job:
             self._push(self.now + 600.0, "repair", payload)
             return
-        f = self.node_fault.get(node)
-        if f is not None and f.active(self.now):
+        for f in self._active_on(node):
             self._fix(f, "repair")
         self._undrained(node)
         info = self.slurm.node(self.names[node])

@@ -124,14 +124,14 @@ def test_a_correction_fixes_clocks_and_power_but_not_heat():
     job = sim.jobs["1000"]
     slowed = job.step_ms
     assert slowed > cl.HEALTHY_STEP_MS
-    heat = sim.node_fault[1]
+    heat = sim.node_faults[1][0]
     for kind in ("reset_clocks", "restore_power_limit"):
         sim.on_action("correct", "n0001", {"node": "n0001", "kind": kind, "gpu": 5})
     assert heat.active(sim.now) and job.step_ms == slowed
     sim.on_action("correct", "n0000", {"node": "n0000", "kind": "restore_power_limit", "gpu": 2})
-    assert sim.node_fault[0].active(sim.now)  # the power limit was never the problem
+    assert sim.node_faults[0][0].active(sim.now)  # the power limit was never the problem
     sim.on_action("correct", "n0000", {"node": "n0000", "kind": "reset_clocks", "gpu": 2})
-    assert not sim.node_fault[0].active(sim.now) and sim.node_fault[0].fixed_by == "correction"
+    assert not sim.node_faults[0][0].active(sim.now) and sim.node_faults[0][0].fixed_by == "correction"
     assert cl.HEALTHY_STEP_MS < job.step_ms < slowed  # the hot GPU still sets the pace
 
 
