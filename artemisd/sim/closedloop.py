@@ -952,7 +952,9 @@ class FleetSim:
         evidence = self._node_check(node) if enc.fault is not None else None
         self.loop.observe(inc, self.now, gpus=job.spec.nodes * self.p.gpus_per_node,
                           time_left_s=max(0.0, job.run.start + job.spec.limit_s - self.now),
-                          node_evidence=evidence, gpu=enc.rank % self.p.gpus_per_node,
+                          node_evidence=evidence,
+                          # The daemon knows a rank's GPU from its reports; a node or job incident names none.
+                          gpu=enc.rank % self.p.gpus_per_node if inc.kind is IncidentKind.RANK else None,
                           rebalance_opt_in=job.spec.opt_in, measured_loss_pct=inc.measured_loss_pct)
         self._to_decide.add(inc.id)
 
