@@ -22,6 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -209,6 +210,8 @@ class DaemonSettings(_Section):
 
     listen: HostPort = "127.0.0.1:7600"
     state_dir: str = "/var/lib/artemis"
+    state_url: str | None = None
+    state_password_file: str | None = None
     slurm_backend: Literal["cli", "pyslurm"] = "cli"
     slurm_timeout: Seconds = 30.0
     auth_type: Literal["munge", "none"] = "munge"
@@ -245,6 +248,20 @@ class DaemonSettings(_Section):
         if self.max_body_memory < self.max_body_size:
             raise ValueError(f"MaxBodyMemory ({self.max_body_memory} bytes) must be at least "
                              f"MaxBodySize ({self.max_body_size} bytes): one largest body must fit")
+        return self
+
+    @model_validator(mode="after")
+    def _state_url(self) -> DaemonSettings:
+        if self.state_url is None:
+            if self.state_password_file is not None:
+                raise ValueError("StatePasswordFile is the password of StateURL, which is not set")
+            return self
+        url = urlsplit(self.state_url)
+        if url.scheme not in ("postgresql", "postgres") or not url.path.strip("/"):
+            raise ValueError("StateURL must be postgresql://[USER@]HOST[:PORT]/DATABASE[?OPTIONS]")
+        # artemis.conf is world-readable, and a URL ends up in logs and process lists.
+        if url.password is not None or "password" in {k.lower() for k in parse_qs(url.query)}:
+            raise ValueError("StateURL must not hold the password: put it in StatePasswordFile (mode 600)")
         return self
 
     @model_validator(mode="after")
@@ -357,6 +374,10 @@ KEYS: dict[str, KeySpec] = {
                             "a subject confirmed again within this many windows is a recurrence of its incident"),
     "Listen": KeySpec("daemon", "listen", "HOST:PORT the HTTP API listens on"),
     "StateDir": KeySpec("daemon", "state_dir", "directory of the SQLite state database"),
+    "StateURL": KeySpec("daemon", "state_url",
+                        "postgresql://[USER@]HOST[:PORT]/DATABASE: keep the state in PostgreSQL, not under StateDir"),
+    "StatePasswordFile": KeySpec("daemon", "state_password_file",
+                                 "file holding StateURL's password, readable by the daemon's user only"),
     "SlurmBackend": KeySpec("daemon", "slurm_backend", "cli (scontrol/sinfo/squeue/sacct) or pyslurm"),
     "SlurmTimeout": KeySpec("daemon", "slurm_timeout", "timeout of one Slurm command"),
     "AuthType": KeySpec("daemon", "auth_type", "munge, or none (loopback Listen only)"),

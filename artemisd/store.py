@@ -26,17 +26,29 @@ What is kept, and why it is enough to survive ``kill -9``:
 
 Each public method is one transaction.  The store is used from the event-loop
 thread only; Slurm calls run in worker threads and report back through it.
+
+``StateStore`` is what the daemon may ask of a store; ``Store`` (this file,
+SQLite, the default) and ``artemisd.store_pg.PostgresStore`` (``StateURL``)
+both implement it over the same schema, and one contract test suite
+(tests/unit/test_store_contract.py) runs over both.  The schema is versioned:
+``schema_version`` holds the migrations applied, and a database written by a
+newer artemisd is refused rather than half understood.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from artemisd.config import DaemonSettings
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -88,6 +100,22 @@ CREATE TABLE IF NOT EXISTS quarantine (
     uid INTEGER, root INTEGER, body TEXT NOT NULL, reason TEXT NOT NULL, quarantined REAL NOT NULL);
 """
 QUARANTINE_KEPT = 10_000
+
+# (version, script): applied in order, each in its own transaction with its
+# row in schema_version.  Migration 1 is the schema as it was before versions
+# were recorded; its statements are all IF NOT EXISTS, so a file written then
+# (no schema_version table) is brought to version 1 without a table changed.
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA),)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+class SchemaError(RuntimeError):
+    """The state database was written by a newer artemisd (its schema version is unknown here)."""
+
+
+def newer_schema(found: int, where: str) -> SchemaError:
+    return SchemaError(f"{where}: the state database is at schema version {found}, newer than this "
+                       f"artemisd knows ({SCHEMA_VERSION}); upgrade artemisd or point it at another database")
 
 # Action rows move queued -> running -> done | failed, or wait in
 # pending_approval (-> queued | denied).  ``running`` means "intent recorded,
@@ -144,6 +172,97 @@ class ActionRow:
     detail: str
 
 
+class StateStore(Protocol):
+    """What the daemon asks of its state, whichever database holds it.
+
+    Each method is one transaction; bodies (JSON text) come back byte for
+    byte as written; ``seq`` and action ids grow in the order rows were added.
+    """
+
+    def close(self) -> None: ...
+    def schema_version(self) -> int: ...
+    def next_id(self, name: str, prefix: str) -> str: ...
+    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]
+                    ) -> list[int]: ...
+    def quarantine(self, seqs: Iterable[tuple[int, str]], now: float | None = None) -> int: ...
+    def quarantined(self) -> int: ...
+    def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def prune_records(self, job: str, keep_windows: int) -> int: ...
+    def forget_job(self, job: str) -> None: ...
+    def records(self) -> Iterator[StoredRecord]: ...
+    def record_count(self) -> int: ...
+    def set_job_owner(self, job: str, user_id: int, partition: str) -> None: ...
+    def job_last_seen(self, job: str) -> float | None: ...
+    def job_partition(self, job: str) -> str | None: ...
+    def jobs(self) -> list[dict[str, Any]]: ...
+    def add_throughput(self, job: str, step: str, window: int, samples_per_s: float, ranks: int) -> None: ...
+    def throughput(self, job: str, step: str | None = None) -> list[tuple[str, int, float]]: ...
+    def window_records(self, job: str) -> list[dict[str, Any]]: ...
+    def save_incident(self, inc: StoredIncident) -> None: ...
+    def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
+                  decide: bool | None = None) -> list[StoredIncident]: ...
+    def incident(self, incident_id: str) -> StoredIncident | None: ...
+    def incident_counts(self) -> dict[str, int]: ...
+    def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
+                   status: str, now: float) -> int: ...
+    def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
+                      attempt: bool = False) -> None: ...
+    def set_action_params(self, action_id: int, params: dict[str, Any]) -> None: ...
+    def due_actions(self, now: float) -> list[ActionRow]: ...
+    def actions_of(self, incident: str) -> list[ActionRow]: ...
+    def action(self, action_id: int) -> ActionRow | None: ...
+    def drain_actions(self) -> list[tuple[int, str, str, float]]: ...
+    def last_action_on(self, target: str, other_than: str) -> float | None: ...
+    def audit(self, who: str, what: str, why: str = "", result: str = "", incident: str | None = None,
+              action: int | None = None, now: float | None = None) -> None: ...
+    def audit_log(self, incident: str | None = None) -> list[dict[str, Any]]: ...
+    def add_directive(self, directive_id: str, kind: str, job: str, step: str, incident: str | None,
+                      body: dict[str, Any], now: float, expires: float | None) -> None: ...
+    def directives_for(self, job: str, step: str, now: float) -> list[dict[str, Any]]: ...
+    def probe_times(self, job: str) -> list[float]: ...
+    def probe_result(self, directive_id: str, cost_ms: float | None) -> None: ...
+    def probe_costs(self) -> list[dict[str, Any]]: ...
+    def add_correction(self, correction_id: str, incident: str, node: str, kind: str, gpu: int | None,
+                       now: float) -> None: ...
+    def corrections(self, node: str, status: str | None = "pending") -> list[dict[str, Any]]: ...
+    def correction(self, correction_id: str) -> dict[str, Any] | None: ...
+    def set_correction(self, correction_id: str, status: str, detail: str) -> None: ...
+    def set_node_evidence(self, node: str, received: float, uid: int | None, body: str) -> None: ...
+    def node_evidence(self, node: str) -> tuple[float, dict[str, Any]] | None: ...
+
+
+def read_password(path: str | Path) -> str:
+    """The password in ``StatePasswordFile``: refused unless only its owner can read it.
+
+    Checked on the open file (fstat), so the file read is the file checked.
+    """
+    from artemisd.config import ConfigError  # config imports nothing of the store; keep it that way
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise ConfigError(path, None, "StatePasswordFile", f"cannot read: {err.strerror}") from None
+    with os.fdopen(fd, "r", encoding="utf-8") as f:
+        mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        if mode & 0o044:
+            raise ConfigError(path, None, "StatePasswordFile",
+                              f"mode {mode:04o} lets group or others read the password; "
+                              f"chmod 600 it (owned by the daemon's user)")
+        text = f.read()
+    # One line; the newline an editor or `echo` leaves is not part of the password.
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def open_store(settings: DaemonSettings) -> StateStore:
+    """The daemon's store: PostgreSQL when ``StateURL`` is set, else SQLite under ``StateDir``."""
+    if settings.state_url:
+        from artemisd.store_pg import PostgresStore  # psycopg is an optional dependency (the postgres extra)
+
+        password = read_password(settings.state_password_file) if settings.state_password_file else None
+        return PostgresStore(settings.state_url, password=password)
+    return Store(Path(settings.state_dir) / "artemis.db")
+
+
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -156,10 +275,33 @@ class Store:
         # never consistency; a process kill loses nothing that was committed.
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=5000")
-        self.db.executescript(SCHEMA)
+        self._migrate()
 
     def close(self) -> None:
         self.db.close()
+
+    def _migrate(self) -> None:
+        self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied REAL NOT NULL)")
+        found = self.schema_version()
+        if found > SCHEMA_VERSION:
+            self.db.close()
+            raise newer_schema(found, str(self.path))
+        for version, script in MIGRATIONS:
+            if version <= found:
+                continue
+            # executescript commits whatever is open first; the script carries
+            # its own transaction so the migration and its version row land together.
+            try:
+                self.db.executescript(f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_version VALUES "
+                                      f"({version}, {time.time()!r});\nCOMMIT;")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+
+    def schema_version(self) -> int:
+        """The last migration applied (0: none yet)."""
+        return self.db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
 
     class _Tx:
         def __init__(self, db: sqlite3.Connection):
@@ -335,6 +477,10 @@ class Store:
     def incident(self, incident_id: str) -> StoredIncident | None:
         row = self.db.execute(f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
         return _incident(row) if row else None
+
+    def incident_counts(self) -> dict[str, int]:
+        """Incidents per state (the gauges), only states that have any."""
+        return dict(self.db.execute("SELECT state, COUNT(*) FROM incidents GROUP BY state").fetchall())
 
     # --- actions ----------------------------------------------------------
 
