@@ -34,7 +34,11 @@ slow transfers on every link touching one node, and on no other → that link (f
 subject only when it is the subject's node: evidence is about the incident's
 subject); normal on identical work yet slow in training → host or input.  The verdict is evidence for
 localisation and the root-independent corroboration the daemon needs before a
-hard action; persistence still decides confirmation.
+hard action; persistence still decides confirmation.  A job-wide slowdown has
+no suspect rank: its probes are about the links, and one is named only when two
+in a row agree (``agree_on_link``, ``ask_again_about_link``).  A verdict that
+comes back after its incident confirmed is taken into it
+(``take_probe_verdict``).
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ from enum import StrEnum
 
 import numpy as np
 
-from artemisd.incident import Evidence
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind
+from artemisd.remedy import propose
 from artemisd.wire import ProbeResult
+
+MAX_LINK_PROBES = 3  # matched probes asked about one job-wide slowdown's link before a person is told
 
 
 @dataclass
@@ -241,3 +248,44 @@ def agree_on_link(judgements: list[ProbeJudgement]) -> ProbeJudgement:
                 + ", ".join(n or "no link" for n in named) + ")")
     return ProbeJudgement(ProbeVerdict.INCOMPLETE, evidence + (Evidence(
         signal="missing", value=what, note="needed before a link is named"),))
+
+
+def ask_again_about_link(judgements: list[ProbeJudgement], combined: ProbeJudgement, seq: int) -> str | None:
+    """Why another matched probe should be asked about a job-wide slowdown's link, or None.
+
+    One probe is one noisy measurement (and the first may have run before the
+    fault did): ask again until two in a row agree, up to ``MAX_LINK_PROBES``.
+    """
+    latest = judgements[-1]
+    if latest.verdict is not ProbeVerdict.LINK or combined.verdict is ProbeVerdict.LINK \
+            or len(judgements) >= MAX_LINK_PROBES:
+        return None
+    named = ", ".join(j.node or "no link" for j in judgements)
+    return f"another matched probe to confirm {latest.node}'s link (probes so far named {named}; window {seq})"
+
+
+def take_probe_verdict(incident: Incident, judgement: ProbeJudgement, combined: ProbeJudgement,
+                       comm_bound: bool | None) -> None:
+    """A confirmed incident takes a matched probe's verdict that came back after it confirmed.
+
+    ``judgement`` is this probe's; ``combined`` what all the subject's probes
+    say together (``agree_on_link`` for a job-wide slowdown, else the same).
+    """
+    if incident.kind is IncidentKind.JOB and combined.verdict is ProbeVerdict.LINK and comm_bound:
+        # Confirmed before the probes came back, with no node to name: the
+        # matched rings have now found the link.  Only for a rise in the
+        # collectives: a link cannot explain every rank's own work rising
+        # (diagnose_job never names one there either).
+        node = combined.node
+        incident.kind, incident.cause, incident.confidence = IncidentKind.LINK, Cause.COMM_LINK, 0.85
+        incident.node = incident.link = node
+        incident.evidence = [e for e in incident.evidence if e.signal != "missing"]
+        incident.action = propose(incident.kind, incident.cause, node, incident.job, link=node)
+        incident.evidence = incident.evidence + list(judgement.evidence)
+    elif incident.kind is IncidentKind.JOB:
+        # Every probe's evidence replaces the last one's: what they say together is the finding.
+        incident.evidence = [e for e in incident.evidence if not e.signal.startswith("probe.")
+                             and not (e.signal == "missing" and "probe" in str(e.value))] \
+            + list(combined.evidence)
+    else:
+        incident.evidence = incident.evidence + list(judgement.evidence)

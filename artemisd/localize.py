@@ -36,7 +36,7 @@ import numpy as np
 
 from artemisd.baseline import JobHistory, JobSummary, RankBaseline, WorkloadReference
 from artemisd.confirm import ProbeJudgement, ProbeVerdict
-from artemisd.detect import JobFlag
+from artemisd.detect import JobFlag, RankFlags
 from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
 from artemisd.incident import Cause, Evidence
 from artemisd.thresholds import (CLOCK_DROP, HOT_DELTA_C, POWER_LIMIT_DROP, POWER_REASONS, RETRANSMIT_FACTOR,
@@ -241,6 +241,56 @@ def pair_evidence(frame: WindowFrame, row: int, partner: int, baseline: RankBase
         Evidence(signal="ms.comm_wait", value=_r(frame.comm_wait[partner]), peers=_r(usual_wait),
                  note=f"rank {other}, the other rank of its island, now waits for it at every collective"),
     )
+
+
+def own_history_evidence(frame: WindowFrame, rows: np.ndarray, flags: RankFlags,
+                         baseline: RankBaseline | None) -> tuple[Evidence, ...]:
+    """A rank of an island of two was judged against its own history and the wait it causes: say so."""
+    if rows.size != 1 or baseline is None or flags.partner[rows[0]] < 0:
+        return ()
+    return pair_evidence(frame, int(rows[0]), int(flags.partner[rows[0]]), baseline)
+
+
+class IslandPeers:
+    """A subject's island peers (its island less its own rows), built only when needed.
+
+    Excluding the subject moves the median of a large island by a hair, so for
+    islands of ``EXACT_PEERS_BELOW`` ranks or more the island median already
+    computed by detect stands in, and the O(world) peer set is built only for
+    localisation, once, at confirmation.
+    """
+
+    EXACT_PEERS_BELOW = 256
+
+    def __init__(self, frame: WindowFrame, subject_rows: np.ndarray, island_size: int):
+        self.frame = frame
+        self.subject_rows = subject_rows
+        self.island_size = island_size
+        self._rows: np.ndarray | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            frame, code = self.frame, self.frame.island[self.subject_rows[0]]
+            mask = frame.island == code
+            mask[self.subject_rows] = False
+            self._rows = np.flatnonzero(mask)
+        return self._rows
+
+    def median_busy(self, flags: RankFlags) -> float:
+        if self.island_size >= self.EXACT_PEERS_BELOW:
+            return float(flags.island_median[int(self.subject_rows[0])])
+        peers = self.rows
+        return float(np.median(self.frame.busy[peers])) if peers.size else float("nan")
+
+
+def straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: IslandPeers, flags: RankFlags,
+                       step_ms: float) -> tuple[float, float, float]:
+    """A straggler subject's ratio to its peers' busy, its excess (ms per step) and the share of the step it costs."""
+    busy = float(np.median(frame.busy[rows]))
+    peer_busy = peers.median_busy(flags)
+    excess = busy - peer_busy
+    return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step_ms, 1e-9)
 
 
 def diagnose_straggler(

@@ -1,4 +1,4 @@
-"""Analyzer: window reports in, incidents out — detect → confirm → localize.
+"""Analyzer: window reports in, incidents out — detect → group → confirm → localize.
 
 The Analyzer is pure: no I/O, no clock, no randomness.  It is driven only by
 the records it is given, in arrival order, so the daemon (live), ``artemis
@@ -10,19 +10,23 @@ analysed when every rank of the job has reported it, or when a report two
 windows later arrives (a rank that is late is the straggler we are looking for;
 its report must not hold the analysis back for ever), or on ``flush``.
 
-Per window:
+Per window (``Analyzer._analyze``), each stage in its own module:
 
+0. take the matched probes' results that came back (``confirm.py``);
 1. **detect** ranks against island peers and the job against its history
    (``detect.py``);
-2. group flagged ranks: two or more on one node are one **node** subject;
-   a job-wide slowdown that stragglers do not explain is one **job** subject;
-   a job of a known workload running slower than before a software change is
-   one **change** subject;
+2. **group** flagged ranks (``group.py``): two or more on one node are one
+   **node** subject; a job-wide slowdown that stragglers do not explain is one
+   **job** subject; a job of a known workload running slower than before a
+   software change is one **change** subject (``change.py``);
 3. **confirm** each subject by persistence under matched conditions
    (``confirm.py``): first flag → incident in state ``suspect``; persistent →
    ``confirmed`` and **localized** (``localize.py``), with a proposed remedy
    (``remedy.py``); stopped before persisting → ``dismissed``;
-4. learn baselines from the window's healthy parts only.
+4. learn **baselines** from the window's healthy parts only (``baseline.py``).
+
+What stays here is the incidents' state: their ids, the subjects under watch,
+recovery and recurrences, the probe requests.
 
 A subject healthy for ``RecoverWindows`` windows has recovered: its incident
 ends (``subject_active`` turns False).  When the same subject is confirmed
@@ -39,23 +43,24 @@ names the incident's id.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from artemisd import detect, verify
+from artemisd import change, detect, group, verify
 from artemisd.baseline import JobHistory, JobSummary, RankBaseline, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
-from artemisd.confirm import Persistence, ProbeJudgement, ProbeVerdict, Verdict, agree_on_link, judge_probe
+from artemisd.confirm import (Persistence, ProbeJudgement, Verdict, agree_on_link, ask_again_about_link, judge_probe,
+                              take_probe_verdict)
 from artemisd.frame import WindowFrame
-from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState, Recurrence
-from artemisd.localize import Diagnosis, diagnose_change, diagnose_job, diagnose_straggler, pair_evidence
+from artemisd.incident import Evidence, Incident, IncidentKind, IncidentState, Recurrence
+from artemisd.localize import (Diagnosis, IslandPeers, diagnose_change, diagnose_job, diagnose_straggler,
+                               own_history_evidence, straggler_measures)
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
-MAX_LINK_PROBES = 3  # matched probes asked about one job-wide slowdown's link before a person is told
 LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer arrives
 # Per-job state is bounded whatever the reports say: windows waiting for
 # reports (a job normally has LATE_WINDOWS + 1), job steps analysed at once
@@ -130,45 +135,25 @@ class _JobState:
     ended: dict[Hashable, tuple[Incident, int]] = field(default_factory=dict)
 
 
-class _LazyPeers:
-    """A subject's island peers (its island less its own rows), built only when needed.
+@dataclass
+class _Window:
+    """One window as detect saw it, and what the job-wide checks made of it."""
 
-    Excluding the subject moves the median of a large island by a hair, so for
-    islands of ``EXACT_PEERS_BELOW`` ranks or more the island median already
-    computed by detect stands in, and the O(world) peer set is built only for
-    localisation, once, at confirmation.
-    """
-
-    EXACT_PEERS_BELOW = 256
-
-    def __init__(self, frame: WindowFrame, subject_rows: np.ndarray, island_size: int):
-        self.frame = frame
-        self.subject_rows = subject_rows
-        self.island_size = island_size
-        self._rows: np.ndarray | None = None
-
-    @property
-    def rows(self) -> np.ndarray:
-        if self._rows is None:
-            frame, code = self.frame, self.frame.island[self.subject_rows[0]]
-            mask = frame.island == code
-            mask[self.subject_rows] = False
-            self._rows = np.flatnonzero(mask)
-        return self._rows
-
-    def median_busy(self, flags: detect.RankFlags) -> float:
-        if self.island_size >= self.EXACT_PEERS_BELOW:
-            return float(flags.island_median[int(self.subject_rows[0])])
-        peers = self.rows
-        return float(np.median(self.frame.busy[peers])) if peers.size else float("nan")
-
-
-def _subject_label(key: tuple) -> str:
-    return "/".join(str(k) for k in key)
+    conditions: Hashable  # world size and island make-up: what a flag is confirmed under
+    counts: np.ndarray  # ranks per island
+    baseline: RankBaseline | None  # the ranks' healthy history, aligned with the frame's rows
+    flags: detect.RankFlags
+    masked: np.ndarray  # flagged rows hidden behind a far larger straggler
+    rows: np.ndarray  # flagged rows that are subjects
+    summary: JobSummary
+    job_flag: detect.JobFlag | None
+    bursty_job: bool  # the job's mean step rose and its median did not
+    change: tuple[WorkloadReference, float] | None = None
+    inconclusive: set[Hashable] = field(default_factory=set)  # subjects neither flagged nor healthy
 
 
 class Analyzer:
-    """Pure detect → confirm → localize over a stream of wire records."""
+    """Pure detect → group → confirm → localize over a stream of wire records."""
 
     def __init__(
         self,
@@ -335,14 +320,23 @@ class Analyzer:
 
     def _analyze(self, state: _JobState, frame: WindowFrame,
                  probes: dict[str, dict[int, ProbeResult]]) -> list[Incident]:
+        changed: dict[str, Incident] = {}
+        self._take_probe_results(state, frame, probes, changed)
+        window = self._detect(state, frame)
+        grouping = group.straggler_subjects(frame, window.rows, state.open.keys())
+        self._regroup(state, grouping)
+        self._job_wide(state, frame, window)
+        flagged = self._observe_subjects(state, frame, window, grouping.subjects, changed)
+        self._watch_recovery(state, frame.seq, flagged | window.inconclusive, changed)
+        self._learn(state, frame, window)
+        return [inc.model_copy(deep=True) for inc in changed.values()]
+
+    def _detect(self, state: _JobState, frame: WindowFrame) -> _Window:
+        """Ranks against their island's peers and their own past; the job against its history."""
         s = self.settings
         seq = frame.seq
-        changed: dict[str, Incident] = {}
         counts = np.bincount(frame.island, minlength=len(frame.island_names))
         conditions = (frame.world, tuple(sorted(zip(map(str, frame.island_names), counts.tolist()))))
-
-        self._take_probe_results(state, frame, probes, changed)
-
         baseline = state.ranks.baseline()
         if baseline is not None:
             baseline = baseline.at(frame.rank)
@@ -355,7 +349,6 @@ class Analyzer:
         state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps,
                                                   frame.busy, frame.step))
 
-        subjects = self._straggler_subjects(state, frame, rows)
         job_flag = detect.detect_job(summary, state.history, s)
         bursty_job = job_flag is not None and not job_flag.steady
         if bursty_job:
@@ -363,6 +356,17 @@ class Analyzer:
             # mean, not the median: not a job-wide slowdown, and not a window to
             # learn the job's baseline from either.
             job_flag = None
+        return _Window(conditions, counts, baseline, flags, masked, rows, summary, job_flag, bursty_job)
+
+    def _regroup(self, state: _JobState, grouping: group.Grouping) -> None:
+        for rank_key, node_key in grouping.grown:
+            self._rekey(state, rank_key, node_key)
+        for rank_key in grouping.absorbed:
+            self._absorb(state, rank_key)
+
+    def _job_wide(self, state: _JobState, frame: WindowFrame, window: _Window) -> None:
+        """Keep the job-wide flag, or find a change regression, unless the stragglers explain the rise."""
+        flags, rows = window.flags, window.rows
         # Stragglers — flagged now or already under watch — make every other
         # rank wait, which looks job-wide; a rise they explain is theirs.
         excess = [float(np.max(frame.busy[rows] - flags.island_median[rows]))] if rows.size else []
@@ -370,32 +374,39 @@ class Analyzer:
                    if w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT]
         straggler_ms = STRAGGLER_SLACK * max(excess, default=0.0)
         # A masked rank under watch is neither flagged nor healthy this window.
-        inconclusive: set[Hashable] = {key for row in np.flatnonzero(masked).tolist()
-                                       for key in (("rank", int(frame.rank[row])),
-                                                   ("node", frame.node_names[int(frame.node[row])]))}
+        window.inconclusive = {key for row in np.flatnonzero(window.masked).tolist()
+                               for key in (("rank", int(frame.rank[row])),
+                                           ("node", frame.node_names[int(frame.node[row])]))}
+        job_flag = window.job_flag
         if job_flag is not None and job_flag.step_ms - job_flag.baseline_step_ms <= straggler_ms:
-            job_flag = None
-            inconclusive.add(("job",))
-        change = None
-        if job_flag is None:
-            change = self._change_check(state, frame, summary, conditions, straggler_ms)
-            if change is None and straggler_ms > 0:
-                inconclusive.add(("change",))
+            window.job_flag = None
+            window.inconclusive.add(("job",))
+        if window.job_flag is None:
+            window.change = self._change_check(state, frame, window.summary, window.conditions, straggler_ms)
+            if window.change is None and straggler_ms > 0:
+                window.inconclusive.add(("change",))
 
+    def _observe_subjects(self, state: _JobState, frame: WindowFrame, window: _Window,
+                          subjects: dict[Hashable, np.ndarray], changed: dict[str, Incident]) -> set[Hashable]:
+        """Confirm each flagged subject by persistence, localizing it once it is; return their keys."""
+        s = self.settings
+        seq = frame.seq
+        flags, baseline, summary, conditions = window.flags, window.baseline, window.summary, window.conditions
         flagged_keys: set[Hashable] = set()
         step_ms = float(np.median(frame.step))
         for key, subject_rows in subjects.items():
             flagged_keys.add(key)
             island = frame.island_names[int(frame.island[subject_rows[0]])]
-            peers = _LazyPeers(frame, subject_rows, int(counts[frame.island[subject_rows[0]]]))
+            peers = IslandPeers(frame, subject_rows, int(window.counts[frame.island[subject_rows[0]]]))
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
             strict = baseline is None or bool(np.isnan(baseline.usual_ratio[subject_rows]).any())
             self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
-                          lambda r=subject_rows, p=peers: self._straggler_measures(frame, r, p, flags, step_ms),
+                          lambda r=subject_rows, p=peers: straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
-                              frame, r, p.rows, s.confidence_floor, o, self._pair_evidence(frame, r, flags, baseline)),
+                              frame, r, p.rows, s.confidence_floor, o, own_history_evidence(frame, r, flags, baseline)),
                           island=island, rows=subject_rows)
+        job_flag = window.job_flag
         if job_flag is not None:
             key = ("job",)
             flagged_keys.add(key)
@@ -403,24 +414,25 @@ class Analyzer:
             self._observe(state, key, seq, conditions, (True, False), frame, changed,
                           lambda: (job_flag.step_ratio, job_flag.step_ms - job_flag.baseline_step_ms, loss),
                           None, job_flag=job_flag, summary=summary)
-        if change is not None:
+        if window.change is not None:
             key = ("change",)
             flagged_keys.add(key)
-            reference, ratio = change
+            reference, ratio = window.change
             excess = summary.step - reference.step
             self._observe(state, key, seq, conditions, (True, False), frame, changed,
                           lambda: (ratio, excess, 100.0 * excess / max(summary.step, 1e-9)),
                           None, reference=reference, summary=summary)
+        return flagged_keys
 
-        self._watch_recovery(state, seq, flagged_keys | inconclusive, changed)
-
-        # Baselines learn from healthy windows only: no flag, no open subject.
+    def _learn(self, state: _JobState, frame: WindowFrame, window: _Window) -> None:
+        """Baselines learn from healthy windows only: no flag, no open subject."""
+        flags, summary = window.flags, window.summary
         watched_rows = np.zeros(frame.size, dtype=bool)
         for key in state.open:
             if key[0] in ("rank", "node"):
-                watched_rows |= self._rows_of(frame, key)
+                watched_rows |= group.rows_of(frame, key)
         healthy = ~flags.flagged & ~watched_rows
-        job_clean = job_flag is None and change is None and not any(
+        job_clean = window.job_flag is None and window.change is None and not any(
             k[0] in ("job", "change") for k in state.open)
         paired = flags.partner >= 0
         if np.any(paired):
@@ -437,39 +449,12 @@ class Analyzer:
         # does not slow it; at 10k ranks some suspect is nearly always open).
         stragglers_in_force = any(w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT
                                   for w in state.open.values())
-        if job_clean and not bursty_job and not rows.size and not stragglers_in_force:
+        if job_clean and not window.bursty_job and not window.rows.size and not stragglers_in_force:
             state.history.record(summary)
-            self._remember_reference(state, frame, summary, conditions)
-        return [inc.model_copy(deep=True) for inc in changed.values()]
-
-    def _straggler_subjects(self, state: _JobState, frame: WindowFrame, rows: np.ndarray) -> dict:
-        """Flagged rows grouped: 2+ ranks on one node → a node subject, else rank subjects."""
-        subjects: dict[Hashable, np.ndarray] = {}
-        if not rows.size:
-            return subjects
-        by_node: dict[int, list[int]] = {}
-        for row in rows.tolist():
-            by_node.setdefault(int(frame.node[row]), []).append(row)
-        for node_code, node_rows in by_node.items():
-            node = frame.node_names[node_code]
-            if len(node_rows) >= 2:
-                key = ("node", node)
-                # Ranks of this node already under watch are the same problem: the
-                # incident grows from a rank to a node instead of being repeated.
-                for row in node_rows:
-                    rank_key = ("rank", int(frame.rank[row]))
-                    if rank_key in state.open and key not in state.open:
-                        self._rekey(state, rank_key, key)
-                    elif rank_key in state.open:
-                        self._absorb(state, rank_key)
-                subjects[key] = np.array(node_rows)
-            else:
-                rank_key = ("rank", int(frame.rank[node_rows[0]]))
-                node_key = ("node", node)
-                subjects[node_key if node_key in state.open else rank_key] = np.array(node_rows)
-        return subjects
+            self._remember_reference(state, frame, window.conditions)
 
     def _rekey(self, state: _JobState, old: Hashable, new: Hashable) -> None:
+        """A rank incident grows into its node's: same incident, node subject."""
         watched = state.open.pop(old)
         watched.subject = new
         watched.rows_key = new
@@ -492,34 +477,6 @@ class Analyzer:
         state.persistence.forget(old)
         if watched.incident.state is IncidentState.SUSPECT:
             watched.incident.advance(IncidentState.DISMISSED)
-
-    @staticmethod
-    def _rows_of(frame: WindowFrame, key: Hashable) -> np.ndarray:
-        kind = key[0]
-        if kind == "rank":
-            return frame.rank == key[1]
-        if kind == "node":
-            try:
-                return frame.node == frame.node_names.index(key[1])
-            except ValueError:
-                return np.zeros(frame.size, dtype=bool)
-        return np.ones(frame.size, dtype=bool)
-
-    @staticmethod
-    def _pair_evidence(frame: WindowFrame, rows: np.ndarray, flags: detect.RankFlags,
-                       baseline: RankBaseline | None) -> tuple[Evidence, ...]:
-        """A rank of an island of two was judged against its own history and the wait it causes: say so."""
-        if rows.size != 1 or baseline is None or flags.partner[rows[0]] < 0:
-            return ()
-        return pair_evidence(frame, int(rows[0]), int(flags.partner[rows[0]]), baseline)
-
-    @staticmethod
-    def _straggler_measures(frame: WindowFrame, rows: np.ndarray, peers: _LazyPeers, flags: detect.RankFlags,
-                            step_ms: float) -> tuple[float, float, float]:
-        busy = float(np.median(frame.busy[rows]))
-        peer_busy = peers.median_busy(flags)
-        excess = busy - peer_busy
-        return busy / max(peer_busy, 1e-9), excess, 100.0 * excess / max(step_ms, 1e-9)
 
     def _observe(self, state: _JobState, key: Hashable, seq: int, conditions: Hashable,
                  steadiness: tuple[bool, bool],
@@ -656,7 +613,7 @@ class Analyzer:
         ranks = tuple(int(r) for r in frame.rank[rows])
         self._probe_requests.append(ProbeRequest(
             probe_id, state.job, state.step, ranks,
-            reason or f"{_subject_label(watched.subject)} flagged in window {frame.seq}", watched.incident.id,
+            reason or f"{group.subject_label(watched.subject)} flagged in window {frame.seq}", watched.incident.id,
             corroborates=reason is not None))
 
     def _take_probe_results(self, state: _JobState, frame: WindowFrame,
@@ -674,111 +631,45 @@ class Analyzer:
             results = state.probes.pop(watched.probe_id)
             watched.probe_waiting = False
             job_wide = watched.subject[0] not in ("rank", "node")
-            suspects = set() if job_wide else {int(r) for r in frame.rank[self._rows_of(frame, watched.subject)]}
+            suspects = set() if job_wide else {int(r) for r in frame.rank[group.rows_of(frame, watched.subject)]}
             judgement = judge_probe(results, suspects, node_of, self.settings.min_slowdown)
-            incident = watched.incident
-            if not job_wide:
-                watched.probe = judgement
-                if incident.state is IncidentState.SUSPECT:
-                    continue  # the verdict is used when the incident is confirmed
-                incident.evidence = incident.evidence + list(judgement.evidence)
-                changed[incident.id] = incident
-                continue
-            # A job-wide slowdown: a link is named only when two probes agree on it.
-            watched.judgements.append(judgement)
-            watched.probe = agree_on_link(watched.judgements)
-            if (judgement.verdict is ProbeVerdict.LINK and watched.probe.verdict is not ProbeVerdict.LINK
-                    and len(watched.judgements) < MAX_LINK_PROBES and self.active_probe):
-                # One probe is one noisy measurement (and the first may have run
-                # before the fault did): ask again until two in a row agree.
-                named = ", ".join(j.node or "no link" for j in watched.judgements)
-                self._request_probe(state, watched, frame, np.array([], dtype=int),
-                                    reason=f"another matched probe to confirm {judgement.node}'s link "
-                                           f"(probes so far named {named}; window {frame.seq})")
-            if incident.state is IncidentState.SUSPECT:
-                continue  # the verdicts are used when the incident is confirmed
-            if incident.kind is IncidentKind.JOB and watched.probe.verdict is ProbeVerdict.LINK and watched.comm_bound:
-                # Confirmed before the probes came back, with no node to name:
-                # the matched rings have now found the link.  Only for a rise in
-                # the collectives: a link cannot explain every rank's own work
-                # rising (diagnose_job never names one there either).
-                node = watched.probe.node
-                incident.kind, incident.cause, incident.confidence = IncidentKind.LINK, Cause.COMM_LINK, 0.85
-                incident.node = incident.link = node
-                incident.evidence = [e for e in incident.evidence if e.signal != "missing"]
-                incident.action = propose(incident.kind, incident.cause, node, incident.job, link=node)
-                incident.evidence = incident.evidence + list(judgement.evidence)
-            elif incident.kind is IncidentKind.JOB:
-                incident.evidence = [e for e in incident.evidence if not e.signal.startswith("probe.")
-                                     and not (e.signal == "missing" and "probe" in str(e.value))] \
-                    + list(watched.probe.evidence)
+            if job_wide:
+                # A job-wide slowdown: a link is named only when two probes agree on it.
+                watched.judgements.append(judgement)
+                watched.probe = agree_on_link(watched.judgements)
+                reason = ask_again_about_link(watched.judgements, watched.probe, frame.seq)
+                if reason is not None and self.active_probe:
+                    self._request_probe(state, watched, frame, np.array([], dtype=int), reason=reason)
             else:
-                incident.evidence = incident.evidence + list(judgement.evidence)
-            changed[incident.id] = incident
+                watched.probe = judgement
+            if watched.incident.state is IncidentState.SUSPECT:
+                continue  # the verdicts are used when the incident is confirmed
+            take_probe_verdict(watched.incident, judgement, watched.probe, watched.comm_bound)
+            changed[watched.incident.id] = watched.incident
 
     # -- change regressions -------------------------------------------------------
 
     def _fingerprint(self, state: _JobState) -> dict[str, str | None]:
-        merged: dict[str, str | None] = dict(state.env)
-        per_node = [fp for (job, _), fp in self._node_fingerprints.items() if job == state.job]
-        for key in ("driver", "comm_lib", "kernel", "firmware"):
-            values = [fp.get(key) for fp in per_node if fp.get(key)]
-            if values and not merged.get(key):
-                merged[key] = Counter(values).most_common(1)[0][0]
-        return merged
+        return change.fingerprint(state.env, (fp for (job, _), fp in self._node_fingerprints.items()
+                                              if job == state.job))
 
-    @staticmethod
-    def _workload(state: _JobState, frame: WindowFrame, conditions: Hashable) -> Hashable:
-        """Workload signature: the job's shape, its samples per rank per step, and its
-        topology (the nodes it runs on) — a change is only judged under matched
-        conditions: same workload, same hardware, same topology."""
-        if state.topology is None:
-            state.topology = hash(tuple(sorted(str(n) for n in frame.node_names)))
-        per_step = frame.samples / np.maximum(frame.steps, 1)
-        finite = per_step[np.isfinite(per_step)]
-        samples = round(float(np.median(finite)), 1) if finite.size else None
-        return (conditions, samples, state.topology)
+    def _workload(self, state: _JobState, frame: WindowFrame, conditions: Hashable) -> Hashable:
+        if state.topology is None:  # the nodes the job was first judged on
+            state.topology = change.topology(frame)
+        return change.workload(frame, conditions, state.topology)
 
-    def _remember_reference(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
-                            conditions: Hashable) -> None:
+    def _remember_reference(self, state: _JobState, frame: WindowFrame, conditions: Hashable) -> None:
         fingerprint = self._fingerprint(state)
-        if not any(fingerprint.values()) or len(state.history.healthy) < detect.MIN_BASELINE_WINDOWS:
+        if not change.worth_remembering(fingerprint, state.history):
             return
         key = self._workload(state, frame, conditions)
-        if state.reference_key is not None and state.reference_key != key:
-            # One reference per job step: a sender that varies its workload from
-            # window to window (samples, world) must not leave one behind each time.
-            old = [r for r in self._references.get(state.reference_key, []) if r.job != state.job]
-            if old:
-                self._references[state.reference_key] = old
-            else:
-                self._references.pop(state.reference_key, None)
+        change.remember(self._references, state.job, state.reference_key, key, fingerprint, state.history)
         state.reference_key = key
-        refs = self._references.setdefault(key, [])
-        refs[:] = [r for r in refs if r.job != state.job]
-        h = state.history
-        refs.append(WorkloadReference(fingerprint, h.median("step"), h.median("step_p50"), h.median("busy"),
-                                      h.median("comm_wait"), state.job, len(h.healthy)))
 
     def _change_check(self, state: _JobState, frame: WindowFrame, summary: JobSummary,
                       conditions: Hashable, straggler_ms: float) -> tuple[WorkloadReference, float] | None:
-        refs = [r for r in self._references.get(self._workload(state, frame, conditions), []) if r.job != state.job]
-        if not refs:
-            return None
-        fingerprint = self._fingerprint(state)
-        same = [r for r in refs if r.fingerprint == fingerprint]
-        if same:
-            return None  # the same software ran this workload before: not a change
-        reference = refs[-1]
-        ratio = summary.step / max(reference.step, 1e-9)
-        if ratio < 1.0 + self.settings.job_slowdown or summary.step - reference.step <= straggler_ms:
-            return None
-        if np.isfinite(summary.step_p50) and np.isfinite(reference.step_p50) and \
-                summary.step_p50 < reference.step_p50 * (1.0 + self.settings.job_slowdown / 2):
-            return None  # a bursty window (checkpoint, congestion): the median step did not move
-        if diagnose_change(reference, fingerprint, summary) is None:
-            return None
-        return reference, ratio
+        return change.check(self._references, state.job, self._workload(state, frame, conditions),
+                            lambda: self._fingerprint(state), summary, straggler_ms, self.settings.job_slowdown)
 
 
 def analyze_records(records: Iterable[WindowReport | NodeEvent], analyzer: Analyzer) -> list[Incident]:
