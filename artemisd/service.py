@@ -27,7 +27,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -41,7 +40,7 @@ from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.store import ActionRow, Store, StoredIncident
+from artemisd.store import ActionRow, StateStore, StoredIncident, open_store
 from artemisd.ingest import IngestResult
 from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
 
@@ -77,7 +76,7 @@ class Daemon:
         self.actuator = Actuator(slurm)
         self.clock = clock
         self.metrics = Metrics()
-        self.store = Store(Path(config.daemon.state_dir) / "artemis.db")
+        self.store: StateStore = open_store(config.daemon)
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
@@ -564,8 +563,7 @@ class Daemon:
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {s.value: 0 for s in S}
-        for (state, n) in self.store.db.execute("SELECT state, COUNT(*) FROM incidents GROUP BY state"):
-            counts[state] = n
+        counts.update(self.store.incident_counts())
         for state, n in counts.items():
             self.metrics.incidents.labels(state).set(n)
 
