@@ -46,7 +46,6 @@ from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
-REVERSIBLE = decide.REVERSIBLE
 CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 MAX_LOGGED_FAILURES = 64  # kinds of unforeseen per-item failure logged with a traceback (once each)
 VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
@@ -627,13 +626,15 @@ class Daemon:
         series = self.analyzer.throughput(inc.job, self._run_key(inc.job, stored.step or "0"))
         return decide.Facts(
             now=now, partition=partition, nodes=nodes,
-            drains=tuple(policy.DrainRecord(*row) for row in self.store.drain_actions()),
-            last_action=last, rebalance_opt_in=inc.job in self._rebalance_opt_in,
+            drains=self._drains(), last_action=last, rebalance_opt_in=inc.job in self._rebalance_opt_in,
             node_evidence=evidence, gpu=self._gpu_of(inc),
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
             measured_loss_pct=verify.measured_loss(stored.baseline, verify.during(series, None, None)),
             gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None)
+
+    def _drains(self) -> tuple[policy.DrainRecord, ...]:
+        return tuple(policy.DrainRecord(*row) for row in self.store.drain_actions())
 
     def _gpu_of(self, inc: Incident) -> int | None:
         return self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
@@ -1102,11 +1103,11 @@ class Daemon:
         if approve:
             self.store.set_action_params(row.id, {**row.params, "approved_by": principal.who, "approved_at": now})
             self.store.update_action(row.id, "queued", f"approved by {principal.who}")
-            inc.action = Action(kind=row.kind, target=row.target, status="running", reversible=REVERSIBLE[row.kind])
+            inc.action = Action(kind=row.kind, target=row.target, status="running", reversible=decide.REVERSIBLE[row.kind])
             inc.advance(S.ACTING)
         else:
             self.store.update_action(row.id, "denied", f"denied by {principal.who}")
-            inc.action = Action(kind=row.kind, target=row.target, status="denied", reversible=REVERSIBLE[row.kind])
+            inc.action = Action(kind=row.kind, target=row.target, status="denied", reversible=decide.REVERSIBLE[row.kind])
             stored.decide = True  # next rung
         self._audit(incident_id, principal.who, f"{'approved' if approve else 'denied'} {row.kind} {row.target}",
                     now=now, action=row.id)
@@ -1121,9 +1122,9 @@ class Daemon:
         except SlurmError as err:
             raise ValueError(f"cannot check the drain budget, Slurm is unreachable ({err}): "
                              f"{row.kind} {row.target} still waits for approval") from None
-        ok, why = decide.drain_budget(self.config.policy_for(partition),
-                                      self._facts(stored, Incident.model_validate(stored.body), partition, nodes,
-                                                  self.clock()), approving=row.id)
+        # The budget is all an approval re-checks: Slurm's nodes and Artemis' drains.
+        budget = decide.Facts(now=self.clock(), partition=partition, nodes=nodes, drains=self._drains())
+        ok, why = decide.drain_budget(self.config.policy_for(partition), budget, approving=row.id)
         if not ok:
             self._audit(stored.id, principal.who, f"approval of {row.kind} {row.target} refused", why,
                         action=row.id)

@@ -153,6 +153,20 @@ class StoredIncident:
 
 _INCIDENT_COLS = ("id, job, step, state, subject, analyzer_id, plan_step, action_window, baseline, decide, "
                   "body, created, updated")
+# One upsert for both backends (SQLite's and PostgreSQL's ON CONFLICT agree); "?" is SQLite's
+# placeholder, PostgresStore writes it as "%s".
+UPSERT_INCIDENT = (
+    f"INSERT INTO incidents({_INCIDENT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(id) DO UPDATE SET step = excluded.step, state = excluded.state, subject = excluded.subject, "
+    "analyzer_id = excluded.analyzer_id, plan_step = excluded.plan_step, "
+    "action_window = excluded.action_window, baseline = excluded.baseline, "
+    "decide = excluded.decide, body = excluded.body, updated = excluded.updated")
+
+
+def incident_row(inc: StoredIncident) -> tuple[Any, ...]:
+    """The values of ``UPSERT_INCIDENT``, in ``_INCIDENT_COLS`` order."""
+    return (inc.id, inc.job, inc.step, inc.state, inc.subject, inc.analyzer_id, inc.plan_step,
+            inc.action_window, inc.baseline, int(inc.decide), json.dumps(inc.body), inc.created, inc.updated)
 
 
 def _incident(row: tuple[Any, ...]) -> StoredIncident:
@@ -446,16 +460,7 @@ class Store:
     def save_incident(self, inc: StoredIncident) -> None:
         inc.updated = time.time()
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO incidents(id, job, step, state, subject, analyzer_id, plan_step, action_window, "
-                "baseline, decide, body, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET step = excluded.step, state = excluded.state, subject = excluded.subject, "
-                "analyzer_id = excluded.analyzer_id, plan_step = excluded.plan_step, "
-                "action_window = excluded.action_window, baseline = excluded.baseline, "
-                "decide = excluded.decide, body = excluded.body, updated = excluded.updated",
-                (inc.id, inc.job, inc.step, inc.state, inc.subject, inc.analyzer_id, inc.plan_step,
-                 inc.action_window, inc.baseline, int(inc.decide), json.dumps(inc.body), inc.created,
-                 inc.updated))
+            db.execute(UPSERT_INCIDENT, incident_row(inc))
 
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
                   decide: bool | None = None) -> list[StoredIncident]:

@@ -37,7 +37,9 @@ from artemisd.store import (
     ActionRow,
     StoredIncident,
     StoredRecord,
+    UPSERT_INCIDENT,
     _incident,
+    incident_row,
     newer_schema,
 )
 from artemisd.store import SCHEMA_VERSION as _SQLITE_VERSION
@@ -302,16 +304,7 @@ class PostgresStore:
     def save_incident(self, inc: StoredIncident) -> None:
         inc.updated = time.time()
         with self._tx():
-            self.db.execute(
-                "INSERT INTO incidents(id, job, step, state, subject, analyzer_id, plan_step, action_window, "
-                "baseline, decide, body, created, updated) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT(id) DO UPDATE SET step = excluded.step, state = excluded.state, subject = excluded.subject, "
-                "analyzer_id = excluded.analyzer_id, plan_step = excluded.plan_step, "
-                "action_window = excluded.action_window, baseline = excluded.baseline, "
-                "decide = excluded.decide, body = excluded.body, updated = excluded.updated",
-                (inc.id, inc.job, inc.step, inc.state, inc.subject, inc.analyzer_id, inc.plan_step,
-                 inc.action_window, inc.baseline, int(inc.decide), json.dumps(inc.body), inc.created,
-                 inc.updated))
+            self.db.execute(UPSERT_INCIDENT.replace("?", "%s"), incident_row(inc))
 
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
                   decide: bool | None = None) -> list[StoredIncident]:
