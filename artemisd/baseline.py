@@ -31,7 +31,8 @@ class RankBaseline:
                      its island median, relative robust sigma: how far this
                      rank strays from its peers in healthy windows (on a
                      loaded host, ±5-10 % from one window to the next).
-    NaN where fewer than ``min_windows`` healthy windows are known.
+    NaN where fewer than ``min_windows`` healthy windows are known (the two
+    spreads: fewer than ``SPREAD_MIN_WINDOWS``).
 
     Kept only for jobs with an island of two (``RankHistory.record`` given
     ``comm_wait``), None otherwise; NaN below ``PAIR_MIN_WINDOWS`` windows:
@@ -77,6 +78,11 @@ class RankBaseline:
 # An island of two is judged only against the ranks' own histories: a spread
 # taken from three windows can be near zero by chance, so ask for a few more.
 PAIR_MIN_WINDOWS = 5
+# The same holds for every rank's own spreads: a robust sigma of three windows
+# is the smaller of two deviations (the third is the median itself).  Until a
+# rank has this many, its own past does not judge it and its peer spread is
+# unknown (the window's MAD alone sets sigma).
+SPREAD_MIN_WINDOWS = 5
 
 
 class RankHistory:
@@ -181,8 +187,8 @@ class RankHistory:
         known = np.isfinite(busy)
         if np.any(known):
             deviation = np.abs(self._busy[:, known] - busy[known])
-            spread[known] = 1.4826 * _column_medians(deviation, 1) / np.maximum(busy[known], 1e-9)
-        peer_spread = 1.4826 * _column_medians(np.abs(self._ratios - usual), self.min_windows) \
+            spread[known] = 1.4826 * _column_medians(deviation, SPREAD_MIN_WINDOWS) / np.maximum(busy[known], 1e-9)
+        peer_spread = 1.4826 * _column_medians(np.abs(self._ratios - usual), SPREAD_MIN_WINDOWS) \
             / np.maximum(usual, 1e-9)
         if self._wait is None:
             return RankBaseline(usual, busy, spread, self._ranks, peer_spread=peer_spread)

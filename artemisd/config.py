@@ -135,6 +135,7 @@ class AnalysisSettings(_Section):
     min_slowdown: float = Field(default=0.04, gt=0.0, lt=10.0)
     robust_z: float = Field(default=4.0, gt=0.0, le=100.0)
     confirm_windows: int = Field(default=2, ge=1, le=1000)
+    confirm_seconds: Seconds = Field(default=2.0, le=86_400)
     history_windows: int = Field(default=20, ge=2, le=100_000)
     job_slowdown: float = Field(default=0.05, gt=0.0, lt=10.0)
     confidence_floor: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -366,6 +367,7 @@ KEYS: dict[str, KeySpec] = {
     "MinSlowdown": KeySpec("analysis", "min_slowdown", "relative busy excess over island median to flag"),
     "RobustZ": KeySpec("analysis", "robust_z", "robust z-score (MAD units) needed to flag"),
     "ConfirmWindows": KeySpec("analysis", "confirm_windows", "consecutive flagged windows to confirm"),
+    "ConfirmSeconds": KeySpec("analysis", "confirm_seconds", "wall time a subject must stay flagged to confirm"),
     "HistoryWindows": KeySpec("analysis", "history_windows", "healthy windows kept per baseline"),
     "JobSlowdown": KeySpec("analysis", "job_slowdown", "job-wide step-time rise vs baseline to flag"),
     "ConfidenceFloor": KeySpec("analysis", "confidence_floor", "below this confidence a cause is 'unknown'"),

@@ -21,6 +21,17 @@ A subject with no healthy history yet (the first windows of a job) needs one
 steady window more: until a rank's usual speed is known, a GPU that is always
 a little slower can look like a straggler for a window or two.
 
+Either rule also needs ``ConfirmSeconds`` of wall time flagged (the windows'
+own t1 − t0, the median over the job's ranks): the steady rule over its
+current run of flags, the intermittent rule over its flags in the horizon.
+A window count alone is scale-free, and OS scheduling is not: on a shared
+host a neighbour's burst, a pinned process or a GC storm slows one process
+for a fraction of a second to a second or two, which is several windows when
+windows are short (8 steps of 10 ms on the 2-core test bed: one rank 1.6x
+slower for three 0.1 s windows, in an otherwise healthy job).  At the default
+``WindowSteps`` of real training a window is longer than that floor, and
+the window count decides as before.
+
 A change of conditions restarts the count: a window measured under other
 conditions proves nothing about this one.  A lone flag is dismissed once its
 steady window has passed, but remembered over the horizon, so a fault that
@@ -66,6 +77,8 @@ class Streak:
     steady: list[int] = field(default_factory=list)
     dismissed: bool = False  # its suspect was dismissed; flags kept for the intermittent rule
     run_start: int = -1  # first window of the latest run of flags (gaps of one window allowed)
+    run_seconds: float = 0.0  # wall time of the flagged windows of that run
+    seconds: dict[int, float] = field(default_factory=dict)  # wall time of each window in ``flagged``
     intermittent: bool = False  # confirmed by the intermittent rule, not by steady windows
 
     @property
@@ -95,31 +108,39 @@ class Persistence:
     for every window, to dismiss subjects whose flags stopped.
     """
 
-    def __init__(self, confirm_windows: int):
+    def __init__(self, confirm_windows: int, confirm_seconds: float = 0.0):
         self.need = confirm_windows
+        self.min_seconds = confirm_seconds
         self.span = 4 * confirm_windows  # horizon of the intermittent rule
         self.streaks: dict[Hashable, Streak] = {}
 
     def observe(self, subject: Hashable, seq: int, conditions: Hashable,
-                steady: bool = True, strict: bool = False) -> tuple[Verdict, Streak]:
-        """Record a flag; ``strict`` (a subject with no healthy history yet to
-        judge it by) asks one steady window more."""
+                steady: bool = True, strict: bool = False, seconds: float = 0.0) -> tuple[Verdict, Streak]:
+        """Record a flag of a window that lasted ``seconds``; ``strict`` (a
+        subject with no healthy history yet to judge it by) asks one steady
+        window more."""
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
         if not streak.flagged or seq - streak.flagged[-1] > 2:
             streak.run_start = seq
+            streak.run_seconds = 0.0
         if streak.flagged[-1:] != [seq]:
             streak.flagged.append(seq)
+            streak.run_seconds += seconds
+            streak.seconds[seq] = seconds
         if steady and streak.steady[-1:] != [seq]:
             streak.steady.append(seq)
         streak.dismissed = False
         streak.flagged = [s for s in streak.flagged if s > seq - self.span]
+        streak.seconds = {s: streak.seconds[s] for s in streak.flagged}
         need = self.need + 1 if strict else self.need
         streak.steady = [s for s in streak.steady if s > seq - (self.need + 2)]
         steady = sum(1 for s in streak.steady if s > seq - (need + 1))
-        if steady >= need or len(streak.flagged) >= need + 1:
-            streak.intermittent = steady < need
+        steadily = steady >= need and streak.run_seconds >= self.min_seconds
+        again_and_again = len(streak.flagged) >= need + 1 and sum(streak.seconds.values()) >= self.min_seconds
+        if steadily or again_and_again:
+            streak.intermittent = not steadily
             return Verdict.CONFIRMED, streak
         return Verdict.PENDING, streak
 

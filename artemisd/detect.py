@@ -17,9 +17,16 @@ waits for a straggler can never be flagged here, by construction.
    itself, not flagged forever; and sigma is at least the rank's own healthy
    window-to-window spread of that ratio (``peer_spread``) times the median,
    so a rank that strays ±8 % from its peers on a loaded host needs more than
-   a 5 % excursion.  sigma has a floor of 0.5 % of the median, so
+   a 5 % excursion.  A rank's own spread is never taken below its island's
+   median spread (``island_typical``): a few windows can make one rank look
+   far quieter than it is.  sigma has a floor of 0.5 % of the median, so
    an island of identical simulated ranks does not make every 0.1 % wobble an
    outlier.
+
+   A rank is also compared with its own healthy past (``_slower_than_own_past``),
+   which catches half an island slowing together; that test alone flags a rank
+   only while it is slower than every unflagged peer of its island
+   (``_costs_the_job``): otherwise the job waits for that peer, not for it.
 
 2. **Job vs its own history.**  A degraded link or a slow island slows every
    rank together: there is no straggler to compare with peers.  The job's
@@ -115,6 +122,27 @@ def island_statistics(frame: WindowFrame) -> tuple[np.ndarray, np.ndarray]:
     return median, sigma
 
 
+def island_typical(frame: WindowFrame, spread: np.ndarray) -> np.ndarray:
+    """Each row's spread, raised to the typical (median) spread of its island.
+
+    A spread is a robust sigma from a rank's few healthy windows; from three
+    or four it can be near zero by chance (on a loaded 2-core host one rank's
+    three windows came out at 1.8 % while its peers' were 10-30 %), and then
+    one ordinary excursion looks like 10 sigma.  The island's median spread is
+    the noise of the same hardware under the same job, pooled over all its
+    ranks: no rank is assumed quieter than that.  A rank noisier than its
+    peers keeps its own, larger spread.  NaN stays NaN (nothing known).
+    """
+    out = np.array(spread, dtype=float, copy=True)
+    known = np.isfinite(out)
+    if not known.any():
+        return out
+    for code in np.unique(frame.island[known]):
+        rows = known & (frame.island == code)
+        out[rows] = np.maximum(out[rows], float(np.median(out[rows])))
+    return out
+
+
 def detect_ranks(
     frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline | None = None
 ) -> RankFlags:
@@ -145,11 +173,12 @@ def detect_ranks(
             # The rank's own noise sets the bar too: an island of three or four
             # can have a tiny MAD in one window by chance, while this rank
             # strays from its peers by several percent in healthy windows.
-            sigma = np.maximum(sigma, np.nan_to_num(baseline.peer_spread, nan=0.0) * median)
+            peer_spread = island_typical(frame, baseline.peer_spread)
+            sigma = np.maximum(sigma, np.nan_to_num(peer_spread, nan=0.0) * median)
     z = (frame.busy - median) / sigma
     flagged = (judged >= 1.0 + settings.min_slowdown) & (z >= settings.robust_z)
     if baseline is not None:
-        flagged |= _slower_than_own_past(frame, settings, baseline)
+        flagged |= _costs_the_job(frame, flagged, _slower_than_own_past(frame, settings, baseline))
     # An island of one or two ranks has no peer median: an island of one is
     # not judged, an island of two by its own rule.
     counts = np.bincount(frame.island, minlength=len(frame.island_names))
@@ -239,9 +268,38 @@ def _pair_flags(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBa
     return flagged, steady
 
 
+def _costs_the_job(frame: WindowFrame, by_peers: np.ndarray, by_history: np.ndarray) -> np.ndarray:
+    """Of the ranks flagged only against their own past, those slower than every unflagged peer.
+
+    A rank's own past is absolute busy time, judged against the island's
+    drift; in a small island that drift is a guess, and a rank whose
+    healthy windows happened to fall in a lighter load phase has a low
+    baseline and reads slow for windows on end.  A rank that some unflagged
+    peer outlasts costs the job nothing this window (everyone waits for that
+    peer), whatever its history says.  Half an island slowing together, the
+    case the history test exists for, is slower than the healthy half.
+    """
+    only_history = by_history & ~by_peers
+    if not only_history.any():
+        return by_history
+    candidates = by_peers | by_history
+    keep = by_history.copy()
+    for code in np.unique(frame.island[only_history]):
+        island = frame.island == code
+        unflagged = island & ~candidates
+        if not unflagged.any():
+            continue
+        slowest_unflagged = float(np.max(frame.busy[unflagged]))
+        rows = only_history & island
+        keep[rows] = frame.busy[rows] > slowest_unflagged
+    return keep
+
+
 def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseline: RankBaseline) -> np.ndarray:
     own = baseline.busy
-    known = np.isfinite(own)
+    # Judged against its own past only once its own noise is known
+    # (baseline.SPREAD_MIN_WINDOWS healthy windows).
+    known = np.isfinite(own) & np.isfinite(baseline.spread)
     out = np.zeros(frame.size, dtype=bool)
     if not known.any():
         return out
@@ -257,7 +315,7 @@ def _slower_than_own_past(frame: WindowFrame, settings: AnalysisSettings, baseli
         sigma = max((p25 - p10) / 0.607, SIGMA_FLOOR)
         drift[rows] = p25 + 0.674 * sigma
         spread[rows] = sigma
-    own_spread = np.nan_to_num(baseline.spread, nan=SIGMA_FLOOR)
+    own_spread = np.nan_to_num(island_typical(frame, baseline.spread), nan=SIGMA_FLOOR)
     spread = np.maximum(spread, own_spread)
     relative = self_ratio / drift
     out[known] = (relative[known] >= 1.0 + settings.min_slowdown) & (

@@ -263,7 +263,7 @@ class Analyzer:
             oldest = min(steps, key=lambda st: st.touched)
             del self._jobs[(job, oldest.step)]
         state = _JobState(job, step, world, RankHistory(s.history_windows),
-                          JobHistory(s.history_windows), Persistence(s.confirm_windows))
+                          JobHistory(s.history_windows), Persistence(s.confirm_windows, s.confirm_seconds))
         self._jobs[(job, step)] = state
         return state
 
@@ -400,7 +400,9 @@ class Analyzer:
             peers = IslandPeers(frame, subject_rows, int(window.counts[frame.island[subject_rows[0]]]))
             steady = bool(np.mean(flags.steady[subject_rows]) >= 0.5)
             node = frame.node_names[int(frame.node[subject_rows[0]])]
-            strict = baseline is None or bool(np.isnan(baseline.usual_ratio[subject_rows]).any())
+            # Until the rank's usual ratio and its own noise are known, one steady window more.
+            strict = baseline is None or bool(np.isnan(baseline.usual_ratio[subject_rows]).any()) or (
+                baseline.peer_spread is not None and bool(np.isnan(baseline.peer_spread[subject_rows]).any()))
             self._observe(state, key, seq, (conditions, island, node), (steady, strict), frame, changed,
                           lambda r=subject_rows, p=peers: straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
@@ -483,7 +485,8 @@ class Analyzer:
                  frame: WindowFrame, changed: dict[str, Incident],
                  measures: Callable[[], tuple[float, float, float]],
                  diagnose: Callable[..., Diagnosis] | None, **context) -> None:
-        verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness)
+        verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness,
+                                                    seconds=float(np.median(frame.seconds)))
         watched = state.open.get(key)
         if watched is None and verdict is not Verdict.CONFIRMED and not steadiness[0] and len(streak.flagged) < 2:
             # A lone bursty flag (a GC pause, a blip of a few steps) is only

@@ -108,3 +108,34 @@ def test_one_slow_pair_on_a_loaded_host_names_no_link():
     results = {0: probe("P", 10, [(1, 12.5)]), 1: probe("P", 10, [(2, 11.0)]), 2: probe("P", 10, [(0, 5.2)])}
     judgement = judge_probe(results, set(), three, 0.04)
     assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"
+
+
+def test_short_windows_confirm_only_after_confirm_seconds_of_wall_time():
+    # 0.1 s windows (8 steps of ~12 ms): OS scheduling alone can flag one
+    # rank for a few of them; two windows are not two seconds.
+    p = Persistence(confirm_windows=2, confirm_seconds=2.0)
+    verdicts = [p.observe("r2", seq, "c", seconds=0.1)[0] for seq in range(25)]
+    assert verdicts.index(Verdict.CONFIRMED) == 19  # the 20th flagged window makes 2.0 s
+    # Windows of a second or more: the window count decides, as before.
+    q = Persistence(confirm_windows=2, confirm_seconds=2.0)
+    assert [q.observe("r2", seq, "c", seconds=1.5)[0] for seq in (5, 6)] == [Verdict.PENDING, Verdict.CONFIRMED]
+
+
+def test_a_new_run_of_flags_starts_its_wall_time_again():
+    p = Persistence(confirm_windows=2, confirm_seconds=2.0)
+    for seq in range(5):
+        p.observe("r2", seq, "c", seconds=0.3)  # 1.5 s flagged ...
+    p.close_window(5), p.close_window(6), p.close_window(7)  # ... then quiet
+    verdict, streak = p.observe("r2", 8, "c", seconds=0.3)
+    assert verdict is Verdict.PENDING and streak.run_start == 8 and streak.run_seconds == 0.3
+
+
+def test_intermittent_flags_need_the_wall_time_too():
+    p = Persistence(confirm_windows=2, confirm_seconds=2.0)
+    for seq in (1, 3, 5, 7):
+        verdict, _ = p.observe("r2", seq, "c", steady=False, seconds=0.2)
+    assert verdict is Verdict.PENDING  # four flags in the horizon, 0.8 s of them
+    p2 = Persistence(confirm_windows=2, confirm_seconds=2.0)
+    for seq in (1, 3, 5):
+        verdict, streak = p2.observe("r2", seq, "c", steady=False, seconds=1.0)
+    assert verdict is Verdict.CONFIRMED and streak.intermittent

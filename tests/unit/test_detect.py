@@ -4,7 +4,7 @@ import numpy as np
 
 from artemisd.baseline import JobHistory, RankBaseline
 from artemisd.config import AnalysisSettings
-from artemisd.detect import detect_job, detect_ranks, island_statistics, summarize
+from artemisd.detect import detect_job, detect_ranks, island_statistics, island_typical, summarize
 from artemisd.frame import WindowFrame
 from tests.unit.windows import lockstep
 
@@ -165,3 +165,37 @@ def test_peer_spread_is_the_rank_s_own_ratio_noise():
         history.record(ranks, 100 * ratios, ratios, np.ones(3, dtype=bool))
     spread = history.baseline().peer_spread
     assert spread[0] == 0.0 and spread[2] == 0.0 and 0.01 < spread[1] < 0.06
+
+
+def test_no_rank_is_assumed_quieter_than_its_island():
+    # Three windows gave rank 0 a spread of 1.8 % by chance; its peers' are 10-30 %.
+    f = frame([100, 100, 100, 100, 100, 100, 100, 100])
+    spread = np.array([0.018, 0.10, 0.20, 0.30, 0.12, 0.15, 0.11, np.nan])
+    typical = island_typical(f, spread)
+    assert typical[0] == np.median(spread[:7]) and typical[3] == 0.30 and np.isnan(typical[7])
+    # Two islands pool separately.
+    g = frame([100, 100, 100, 100, 130, 131, 129, 130], island=["nvidia"] * 4 + ["amd"] * 4)
+    two = island_typical(g, np.array([0.01, 0.02, 0.03, 0.04, 0.2, 0.2, 0.2, 0.2]))
+    assert list(two[:4]) == [0.025, 0.025, 0.03, 0.04] and list(two[4:]) == [0.2] * 4
+
+
+def test_a_quiet_history_does_not_make_an_ordinary_excursion_an_outlier():
+    # 14 % above its own past: ten sigma for a rank whose three healthy windows
+    # varied 1.4 %, under one sigma for the island's typical 20 %.
+    busy = [114, 100, 100, 100, 100, 100, 100, 100]
+    base = baseline_for(8, usual=[1.0] * 8, busy=[100] * 8, spread=0.2)
+    base = RankBaseline(base.usual_ratio, base.busy, np.array([0.014] + [0.2] * 7), peer_spread=np.full(8, 0.2))
+    assert detect_ranks(frame(busy), SETTINGS, base).rows.size == 0
+
+
+def test_a_rank_slow_only_against_its_past_is_not_flagged_while_a_healthy_peer_outlasts_it():
+    # Rank 0's healthy windows fell in a light phase (baseline 80): 100 now
+    # reads 25 % slow against its own past, but ranks 2 and 5 (unflagged) are
+    # slower still; the job waits for them, not for rank 0.
+    busy = [100, 90, 104, 95, 99, 105, 92, 97]  # a noisy island: no rank stands out from its peers
+    own = [80, 90, 104, 95, 99, 105, 92, 97]
+    base = baseline_for(8, usual=[1.0] * 8, busy=own)
+    assert detect_ranks(frame(busy), SETTINGS, base).rows.size == 0
+    # The same excess with rank 0 the slowest of its island: flagged by its history.
+    busy[0] = 106
+    assert list(detect_ranks(frame(busy), SETTINGS, base).rows) == [0]
