@@ -213,6 +213,7 @@ class DaemonSettings(_Section):
     state_dir: str = "/var/lib/artemis"
     state_url: str | None = None
     state_password_file: str | None = None
+    lease_time: Seconds = Field(default=15.0, ge=1.0, le=3600.0)
     slurm_backend: Literal["cli", "pyslurm"] = "cli"
     slurm_timeout: Seconds = 30.0
     auth_type: Literal["munge", "none"] = "munge"
@@ -380,6 +381,8 @@ KEYS: dict[str, KeySpec] = {
                         "postgresql://[USER@]HOST[:PORT]/DATABASE: keep the state in PostgreSQL, not under StateDir"),
     "StatePasswordFile": KeySpec("daemon", "state_password_file",
                                  "file holding StateURL's password, readable by the daemon's user only"),
+    "LeaseTime": KeySpec("daemon", "lease_time",
+                         "how long the leader's lease lasts unrenewed: a standby takes over within this plus a turn"),
     "SlurmBackend": KeySpec("daemon", "slurm_backend", "cli (scontrol/sinfo/squeue/sacct) or pyslurm"),
     "SlurmTimeout": KeySpec("daemon", "slurm_timeout", "timeout of one Slurm command"),
     "AuthType": KeySpec("daemon", "auth_type", "munge, or none (loopback Listen only)"),

@@ -19,6 +19,8 @@ class Metrics:
         self.ingest_seconds = Histogram("artemis_ingest_seconds", "Time to ingest one POST /v1/reports",
                                         registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5))
         self.incidents = Gauge("artemis_incidents", "Incidents by state", ["state"], registry=r)
+        self.leader = Gauge("artemis_leader", "1 while this instance holds the leader lease (decides and acts), "
+                            "0 while it is a standby", registry=r)
         self.actions = Counter("artemis_actions_total", "Action attempts, by kind and result",
                                ["kind", "result"], registry=r)
         self.probes = Counter("artemis_probes_total", "Probe directives issued or refused", ["outcome"], registry=r)

@@ -10,7 +10,7 @@ Endpoints (JSON unless noted; docs/architecture.md "Daemon"):
     GET  /v1/nodes/{node}/corrections     root/SlurmUser only: corrections the node check applies
     POST /v1/nodes/{node}/corrections/{id}  root/SlurmUser only: {"status": "done"|"failed", "detail"}
     GET  /v1/status                       daemon summary
-    GET  /v1/health                       liveness
+    GET  /v1/health                       liveness, role (leader|standby), the lease holder and its age
     GET  /metrics                         Prometheus text format
 
 Every request that changes something carries ``Authorization: Munge <cred>``
@@ -144,6 +144,12 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
 
 async def post_reports(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
+    if daemon.role != "leader":
+        # One analysis per job: a standby's would open the same incidents a
+        # second time.  The probe keeps the reports and retries (its next
+        # endpoint, when it has a list); refused before the body is read.
+        leader = daemon.lease.holder if daemon.lease is not None else None
+        return _json({"error": "this artemisd is a standby: reports go to the leader", "leader": leader}, 503)
     started = time.perf_counter()
     async with signed_body(request) as (principal, body):
         try:
@@ -251,7 +257,9 @@ async def get_status(request: web.Request) -> web.Response:
     for inc in daemon.store.incidents():
         counts[inc.state] = counts.get(inc.state, 0) + 1
     d = daemon.config.daemon
+    lease = daemon.lease
     return _json({"version": __version__, "listen": d.listen, "dry_run": d.dry_run, "enabled": d.enabled,
+                  "instance": daemon.instance, "role": daemon.role, "leader": lease.holder if lease else None,
                   "auth": d.auth_type, "incidents": counts, "jobs": daemon.store.jobs()[:50],
                   "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
                   "restore_skipped": daemon.restore_skipped,
@@ -259,7 +267,20 @@ async def get_status(request: web.Request) -> web.Response:
 
 
 async def get_health(request: web.Request) -> web.Response:
-    return _json({"ok": True, "version": __version__})
+    """Liveness, and this instance's role: ``leader`` decides and acts, a ``standby`` waits for the lease."""
+    daemon = request.app[DAEMON]
+    lease = daemon.lease
+    body: dict[str, Any] = {"ok": True, "version": __version__, "instance": daemon.instance, "role": daemon.role,
+                            "leader": None}
+    if lease is not None:
+        # Ages by the clock the lease was judged with (the database server's, with PostgreSQL).
+        with contextlib.suppress(Exception):
+            now = daemon.store.clock()
+            body["leader"] = {"instance": lease.holder, "token": lease.token,
+                              "held_s": round(max(0.0, now - lease.acquired), 1),
+                              "renewed_s_ago": round(lease.age(now), 1),
+                              "expired": now >= lease.expires}
+    return _json(body)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -351,6 +372,7 @@ async def serve(config_path: str | None) -> int:
     finally:
         listener.close()
         await runner.cleanup()
+        daemon.step_down()
         daemon.store.close()
     log.info("artemisd stopped")
     return 0

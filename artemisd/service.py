@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,6 +43,7 @@ from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, StateStore, StoredIncident, open_store
 from artemisd.ingest import IngestResult
+from artemisd.lease import LEADER, Fenced, Lease
 from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
 
 S = IncidentState
@@ -76,6 +78,12 @@ class Daemon:
         self.clock = clock
         self.metrics = Metrics()
         self.store: StateStore = open_store(config.daemon)
+        # Leadership (artemisd/lease.py).  An instance is its host and listen
+        # address: two live processes cannot both listen there, and a daemon
+        # restarted after kill -9 renews its own lease instead of waiting it out.
+        self.instance = f"{socket.gethostname()}:{config.daemon.listen}"
+        self.lease: Lease | None = None
+        self._fence: int | None = None  # the lease token while this instance leads
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
@@ -94,6 +102,7 @@ class Daemon:
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
+        self._lead()  # a lone instance leads from its first request, not from its first turn
 
     # --- configuration ---------------------------------------------------
 
@@ -545,8 +554,63 @@ class Daemon:
 
     # --- the loop -------------------------------------------------------------------
 
+    @property
+    def role(self) -> str:
+        return "leader" if self._fence is not None else "standby"
+
+    def _lead(self) -> bool:
+        """Take or renew the leader lease; True while this instance leads.
+
+        Every instance asks every turn; the holder renews, the others learn
+        who holds it.  A database that cannot be reached makes this instance
+        a standby until it can: it cannot prove it still leads.
+        """
+        was = self._fence
+        try:
+            lease = self.store.take_lease(LEADER, self.instance, self.config.daemon.lease_time)
+            leading = lease.held_by(self.instance, self.store.clock())
+        except Exception as err:  # noqa: BLE001 - any database failure: not provably the leader
+            if was is not None:
+                log.warning("leader lease not renewed: standing by", instance=self.instance, error=str(err))
+            self._fence = None
+            self.metrics.leader.set(0)
+            return False
+        self.lease = lease
+        self._fence = lease.token if leading else None
+        self.metrics.leader.set(1 if leading else 0)
+        if self._fence != was:
+            if leading:
+                log.info("leading", instance=self.instance, token=lease.token)
+                self._audit(None, "daemon", "leader lease taken", f"instance {self.instance}", f"token {lease.token}")
+            else:
+                log.info("standing by", instance=self.instance, leader=lease.holder, token=lease.token)
+        return leading
+
+    def step_down(self) -> None:
+        """A clean stop: give the lease up so a standby need not wait it out."""
+        if self._fence is not None:
+            try:
+                self.store.release_lease(LEADER, self.instance)
+            except Exception as err:  # noqa: BLE001 - the lease expires on its own
+                log.warning("leader lease not released", error=str(err))
+            self._fence = None
+
     async def run_once(self) -> None:
-        """One turn: decide what confirmed incidents get, run due actions, verify, close recovered ones."""
+        """One turn: as the leader, decide what confirmed incidents get, run due actions,
+        verify, close recovered ones; as a standby, only keep the gauges."""
+        if not self._lead():
+            self._update_gauges()
+            return
+        try:
+            await self._lead_once()
+        except Fenced as err:
+            # Deposed between renewing and writing: another instance leads now
+            # and resumes from the intents; this one writes nothing more.
+            log.warning("deposed: standing by", instance=self.instance, error=str(err))
+            self._fence = None
+            self.metrics.leader.set(0)
+
+    async def _lead_once(self) -> None:
         now = self.clock()
         for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
             await self._decide(stored, now)
@@ -606,7 +670,7 @@ class Daemon:
             return
         if action is not None:
             status = "queued" if action.mode == "auto" else "pending_approval"
-            self.store.add_action(inc.id, action.kind, action.target, action.params, status, now)
+            self.store.add_action(inc.id, action.kind, action.target, action.params, status, now, fence=self._fence)
             inc.action = Action(kind=action.kind, target=action.target, reversible=action.reversible,
                                 status="running" if status == "queued" else "pending_approval")
         elif plan.escalate is not None:
@@ -698,7 +762,7 @@ class Daemon:
         lines += ["", "what you can do:"] + [f"  {line}" for line in self._what_a_person_can_do(inc, recommended)]
         params = {"job": inc.job, "comment": comment, "subject": subject, "text": "\n".join(lines),
                   "comment_done": False, "mail_done": False}
-        return self.store.add_action(inc.id, "escalate", inc.job, params, "queued", now)
+        return self.store.add_action(inc.id, "escalate", inc.job, params, "queued", now, fence=self._fence)
 
     def _what_a_person_can_do(self, inc: Incident, recommended: list[str]) -> list[str]:
         """Only what exists for this incident: a pending approval, the recommended actions by hand."""
@@ -745,7 +809,7 @@ class Daemon:
         lines += ["", f"Nothing is needed from you for it. artemis show {inc.id}"]
         params = {"job": inc.job, "comment": "", "subject": f"resolved: {inc.id} {inc.cause.value} {self._where(inc)}",
                   "text": "\n".join(lines), "comment_done": True, "mail_done": False}
-        self.store.add_action(inc.id, "notify", inc.job, params, "queued", now)
+        self.store.add_action(inc.id, "notify", inc.job, params, "queued", now, fence=self._fence)
 
     @staticmethod
     def _where(inc: Incident) -> str:
@@ -763,11 +827,11 @@ class Daemon:
     async def _run_action(self, row: ActionRow) -> None:
         stored = self.store.incident(row.incident)
         if stored is None:
-            self.store.update_action(row.id, "failed", "incident vanished")
+            self.store.update_action(row.id, "failed", "incident vanished", fence=self._fence)
             return
         now = self.clock()
         if row.kind not in ("escalate", "notify") and not self.config.daemon.enabled:
-            self.store.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
+            self.store.update_action(row.id, "skipped", "Enabled=no: the kill switch is on", fence=self._fence)
             self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
             await self._after_action(row, Outcome("skipped", "kill switch"), now)
             return
@@ -775,7 +839,7 @@ class Daemon:
             await self._check_correction(row, now)
             return
         # Intent first: a crash after this line re-runs the action through the idempotent path.
-        self.store.update_action(row.id, "running", row.detail, attempt=True)
+        self.store.update_action(row.id, "running", row.detail, attempt=True, fence=self._fence)
         try:
             outcome = await self._perform(row, stored, now)
         except (SlurmError, mail.MailError) as err:
@@ -786,14 +850,14 @@ class Daemon:
                 outcome = Outcome("failed", str(err))
             else:
                 delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
-                self.store.update_action(row.id, "running", str(err), next_try=now + delay)
+                self.store.update_action(row.id, "running", str(err), next_try=now + delay, fence=self._fence)
                 self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
                             f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
                 self.metrics.actions.labels(row.kind, "retry").inc()
                 return
         if outcome.status == "waiting":
             return
-        self.store.update_action(row.id, outcome.status, outcome.detail)
+        self.store.update_action(row.id, outcome.status, outcome.detail, fence=self._fence)
         self.metrics.actions.labels(row.kind, outcome.status).inc()
         self._audit(row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}",
                     action=row.id)
@@ -848,7 +912,7 @@ class Daemon:
     async def _check_correction(self, row: ActionRow, now: float) -> None:
         cid = row.params.get("correction")
         if cid is None:  # crashed between intent and queueing: queue it now
-            self.store.update_action(row.id, "queued", row.detail)
+            self.store.update_action(row.id, "queued", row.detail, fence=self._fence)
             return
         queued_at = row.params.get("queued_at", now)
         if now - queued_at > CORRECTION_TIMEOUT_S and (self.store.correction(cid) or {}).get("status") == "pending":
@@ -893,7 +957,7 @@ class Daemon:
         if outcome.status == "done" and row.kind == "requeue":
             follow = decide.after_requeue(inc, self._policy_of(inc, info))
             if follow.kind is not None:
-                self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)
+                self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now, fence=self._fence)
                 return
         if decide.rung_happened(row.kind, outcome.status):
             if inc.action is not None:
@@ -918,7 +982,7 @@ class Daemon:
                                     self._facts(stored, inc, info.partition if info else None, (), now, info),
                                     approved_rung)
         if follow.kind is not None:
-            self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now)
+            self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now, fence=self._fence)
             return
         if inc.action is not None:
             inc.action.status = "done"
@@ -1011,11 +1075,12 @@ class Daemon:
                              "job": row.params["job"], "step": row.params["step"], "shares": {}}
                 self.store.add_directive(directive["id"], "rebalance", row.params["job"], row.params["step"],
                                          inc.id, directive, now, None)
-                self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}")
+                self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}", fence=self._fence)
                 self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", undo.why, now=now)
             elif row.kind == "drain":
-                self.store.update_action(row.id, "rolled_back", "undrain queued")
-                self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now)
+                self.store.update_action(row.id, "rolled_back", "undrain queued", fence=self._fence)
+                self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now,
+                                      fence=self._fence)
                 self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", undo.why, now=now)
 
     def _fault_still_shown(self, inc: Incident, node: str | None) -> str | None:
@@ -1068,7 +1133,7 @@ class Daemon:
             why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
         for row in self.store.actions_of(stored.id):
             if row.status == "pending_approval":
-                self.store.update_action(row.id, "skipped", "subject recovered before approval")
+                self.store.update_action(row.id, "skipped", "subject recovered before approval", fence=self._fence)
         inc.advance(S.RESOLVED)
         stored.decide = False
         self._audit(inc.id, "analyzer", "resolved", why, now=now)

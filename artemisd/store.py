@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
+
 if TYPE_CHECKING:
     from artemisd.config import DaemonSettings
 
@@ -105,7 +107,15 @@ QUARANTINE_KEPT = 10_000
 # row in schema_version.  Migration 1 is the schema as it was before versions
 # were recorded; its statements are all IF NOT EXISTS, so a file written then
 # (no schema_version table) is brought to version 1 without a table changed.
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA),)
+# Migration 2 (issue 12): the leader lease, and each action's fencing token
+# (the lease token of the leader that wrote it; NULL before leases existed).
+LEASES = """
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL,
+    acquired REAL NOT NULL, renewed REAL NOT NULL, expires REAL NOT NULL);
+ALTER TABLE actions ADD COLUMN token INTEGER;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -218,11 +228,15 @@ class StateStore(Protocol):
     def incident(self, incident_id: str) -> StoredIncident | None: ...
     def incident_counts(self) -> dict[str, int]: ...
     def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
-                   status: str, now: float) -> int: ...
+                   status: str, now: float, fence: int | None = None) -> int: ...
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False) -> None: ...
+                      attempt: bool = False, fence: int | None = None) -> None: ...
     def set_action_params(self, action_id: int, params: dict[str, Any]) -> None: ...
     def due_actions(self, now: float) -> list[ActionRow]: ...
+    def clock(self) -> float: ...
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease: ...
+    def lease(self, name: str) -> Lease | None: ...
+    def release_lease(self, name: str, holder: str) -> None: ...
     def actions_of(self, incident: str) -> list[ActionRow]: ...
     def action(self, action_id: int) -> ActionRow | None: ...
     def drain_actions(self) -> list[tuple[int, str, str, float]]: ...
@@ -490,19 +504,65 @@ class Store:
     # --- actions ----------------------------------------------------------
 
     def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
-                   status: str, now: float) -> int:
+                   status: str, now: float, fence: int | None = None) -> int:
+        """A new action intent; with ``fence``, only while that is still the leader lease's token."""
         with self._tx() as db:
-            cur = db.execute("INSERT INTO actions(incident, kind, target, params, status, next_try, created, updated) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (incident, kind, target, json.dumps(params), status, now, now, now))
+            self._check_fence(db, fence)
+            cur = db.execute("INSERT INTO actions(incident, kind, target, params, status, next_try, created, updated, "
+                             "token) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (incident, kind, target, json.dumps(params), status, now, now, now, fence))
             return int(cur.lastrowid)
 
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False) -> None:
+                      attempt: bool = False, fence: int | None = None) -> None:
         with self._tx() as db:
+            self._check_fence(db, fence)
             db.execute("UPDATE actions SET status = ?, detail = ?, updated = ?, "
-                       "next_try = COALESCE(?, next_try), attempts = attempts + ? WHERE id = ?",
-                       (status, detail, time.time(), next_try, 1 if attempt else 0, action_id))
+                       "next_try = COALESCE(?, next_try), attempts = attempts + ?, token = COALESCE(?, token) "
+                       "WHERE id = ?",
+                       (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id))
+
+    @staticmethod
+    def _check_fence(db: sqlite3.Connection, fence: int | None) -> None:
+        if fence is None:
+            return
+        row = db.execute("SELECT token, holder FROM leases WHERE name = ?", (LEADER,)).fetchone()
+        if row is None or row[0] != fence:
+            raise Fenced(fence, row[0] if row else None, row[1] if row else None)
+
+    # --- the leader lease (artemisd/lease.py) ------------------------------
+
+    def clock(self) -> float:
+        # One host holds a SQLite file: its clock is the only one.
+        return time.time()
+
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease:
+        with self._tx() as db:
+            now = self.clock()
+            current = self._lease(db, name)
+            after = next_lease(current, name, holder, ttl, now)
+            if after != current:
+                db.execute("INSERT OR REPLACE INTO leases(name, holder, token, acquired, renewed, expires) "
+                           "VALUES (?, ?, ?, ?, ?, ?)",
+                           (after.name, after.holder, after.token, after.acquired, after.renewed, after.expires))
+        return after
+
+    def lease(self, name: str) -> Lease | None:
+        return self._lease(self.db, name)
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._tx() as db:
+            now = self.clock()
+            current = self._lease(db, name)
+            after = released(current, holder, now)
+            if after is not None and after != current:
+                db.execute("UPDATE leases SET expires = ? WHERE name = ?", (after.expires, name))
+
+    @staticmethod
+    def _lease(db: sqlite3.Connection, name: str) -> Lease | None:
+        row = db.execute("SELECT name, holder, token, acquired, renewed, expires FROM leases WHERE name = ?",
+                         (name,)).fetchone()
+        return Lease(*row) if row else None
 
     def _action_rows(self, sql: str, args: tuple[Any, ...]) -> list[ActionRow]:
         return [ActionRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])

@@ -43,6 +43,7 @@ from artemisd.store import (
     newer_schema,
 )
 from artemisd.store import SCHEMA_VERSION as _SQLITE_VERSION
+from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
 
 SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS records (
@@ -100,7 +101,13 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 # The same versions as SQLite's: migration N means the same schema on both.
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1),)
+SCHEMA_2 = """
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, token BIGINT NOT NULL,
+    acquired DOUBLE PRECISION NOT NULL, renewed DOUBLE PRECISION NOT NULL, expires DOUBLE PRECISION NOT NULL);
+ALTER TABLE actions ADD COLUMN IF NOT EXISTS token BIGINT;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2))
 assert MIGRATIONS[-1][0] == _SQLITE_VERSION, "a migration added to one backend must be added to the other"
 
 # Any fixed number: the key of the advisory lock that serialises migrations.
@@ -331,20 +338,73 @@ class PostgresStore:
     # --- actions ----------------------------------------------------------
 
     def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
-                   status: str, now: float) -> int:
+                   status: str, now: float, fence: int | None = None) -> int:
         with self._tx():
+            self._check_fence(fence)
             (aid,) = self._one("INSERT INTO actions(incident, kind, target, params, status, next_try, created, "
-                               "updated) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                               (incident, kind, target, json.dumps(params), status, now, now, now))
+                               "updated, token) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                               (incident, kind, target, json.dumps(params), status, now, now, now, fence))
         return int(aid)
 
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False) -> None:
+                      attempt: bool = False, fence: int | None = None) -> None:
         with self._tx():
+            self._check_fence(fence)
             self.db.execute("UPDATE actions SET status = %s, detail = %s, updated = %s, "
-                            "next_try = COALESCE(%s::double precision, next_try), attempts = attempts + %s "
-                            "WHERE id = %s",
-                            (status, detail, time.time(), next_try, 1 if attempt else 0, action_id))
+                            "next_try = COALESCE(%s::double precision, next_try), attempts = attempts + %s, "
+                            "token = COALESCE(%s::bigint, token) WHERE id = %s",
+                            (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id))
+
+    def _check_fence(self, fence: int | None) -> None:
+        """Inside a write: refuse it unless ``fence`` is still the leader lease's token.
+
+        FOR SHARE holds the lease row until this transaction ends, so a
+        takeover (which locks it FOR UPDATE) waits for the write or the write
+        sees the new token: never both.
+        """
+        if fence is None:
+            return
+        row = self._one("SELECT token, holder FROM leases WHERE name = %s FOR SHARE", (LEADER,))
+        if row is None or row[0] != fence:
+            raise Fenced(fence, row[0] if row else None, row[1] if row else None)
+
+    # --- the leader lease (artemisd/lease.py) ------------------------------
+
+    def clock(self) -> float:
+        """The database server's clock: every instance judges expiry by the same one."""
+        return float(self._one("SELECT EXTRACT(EPOCH FROM clock_timestamp())")[0])
+
+    def take_lease(self, name: str, holder: str, ttl: float) -> Lease:
+        with self._tx():
+            # The row lock serialises instances asking at once; the first
+            # lease of all is an INSERT, so two first askers race on the key:
+            # ON CONFLICT DO NOTHING, then read what won.
+            self.db.execute("INSERT INTO leases(name, holder, token, acquired, renewed, expires) "
+                            "VALUES (%s, '', 0, 0, 0, 0) ON CONFLICT (name) DO NOTHING", (name,))
+            row = self._one("SELECT name, holder, token, acquired, renewed, expires FROM leases "
+                            "WHERE name = %s FOR UPDATE", (name,))
+            now = self.clock()
+            current = None if row[2] == 0 else Lease(*row)
+            after = next_lease(current, name, holder, ttl, now)
+            if after != current:
+                self.db.execute("UPDATE leases SET holder = %s, token = %s, acquired = %s, renewed = %s, "
+                                "expires = %s WHERE name = %s",
+                                (after.holder, after.token, after.acquired, after.renewed, after.expires, name))
+        return after
+
+    def lease(self, name: str) -> Lease | None:
+        row = self._one("SELECT name, holder, token, acquired, renewed, expires FROM leases WHERE name = %s",
+                        (name,))
+        return None if row is None or row[2] == 0 else Lease(*row)
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._tx():
+            row = self._one("SELECT name, holder, token, acquired, renewed, expires FROM leases "
+                            "WHERE name = %s FOR UPDATE", (name,))
+            current = None if row is None or row[2] == 0 else Lease(*row)
+            after = released(current, holder, self.clock())
+            if after is not None and after != current:
+                self.db.execute("UPDATE leases SET expires = %s WHERE name = %s", (after.expires, name))
 
     def _action_rows(self, sql: str, args: tuple[Any, ...]) -> list[ActionRow]:
         return [ActionRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])

@@ -94,6 +94,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     mode = "DRY RUN" if status["dry_run"] else ("ACTIONS OFF (kill switch)" if not status["enabled"] else "acting")
     print(f"artemisd {status['version']} on {status['listen']}  auth={status['auth']}  mode={mode}")
+    if "role" in status:  # older daemons do not say
+        leader = "" if status["role"] == "leader" else f" (leader: {status.get('leader') or 'none yet'})"
+        print(f"role: {status['role']}{leader}")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["incidents"].items())) or "none"
     print(f"incidents: {counts}")
     print(f"open actions: {status['open_actions']}   stored records: {status['records']}")

@@ -12,12 +12,15 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from artemisd.config import ConfigError, parse_config_text
+from artemisd.lease import LEADER, Fenced
 from artemisd.store import SCHEMA, SCHEMA_VERSION, SchemaError, StateStore, Store, StoredIncident, open_store
 from tests.unit.pg import PASSWORD, PgServer, PgUnavailable
 
@@ -387,12 +390,94 @@ def test_a_sqlite_file_from_before_versions_is_version_1_unchanged(tmp_path):
     tables = dict(old.execute("SELECT name, sql FROM sqlite_master"))
     old.close()
     store = Store(path)
-    assert store.schema_version() == 1
+    assert store.schema_version() == SCHEMA_VERSION
     assert store.next_id("incident", "INC-") == "INC-42"
     assert [a["who"] for a in store.audit_log()] == ["uid 0"]
     after = dict(store.db.execute("SELECT name, sql FROM sqlite_master"))
-    assert {k: v for k, v in after.items() if k in tables} == tables
-    assert set(after) - set(tables) == {"schema_version"}
+    # Version 1 left every table as it was; version 2 added the lease and each action's token.
+    assert {k: v for k, v in after.items() if k in tables and k != "actions"} == \
+        {k: v for k, v in tables.items() if k != "actions"}
+    assert after["actions"].startswith(tables["actions"].rstrip(")"))
+    assert "token INTEGER" in after["actions"]
+    assert set(after) - set(tables) == {"schema_version", "leases", "sqlite_autoindex_leases_1"}
+    assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2]
+
+
+# --- the leader lease and fencing (artemisd/lease.py) -----------------------------
+
+
+def test_the_first_to_ask_leads_and_renewing_keeps_the_token(store):
+    assert store.lease(LEADER) is None
+    first = store.take_lease(LEADER, "a:7600", ttl=30)
+    assert (first.holder, first.token) == ("a:7600", 1) and first.expires == pytest.approx(first.acquired + 30)
+    again = store.take_lease(LEADER, "a:7600", ttl=30)
+    assert (again.holder, again.token, again.acquired) == ("a:7600", 1, first.acquired)
+    assert again.renewed >= first.renewed and store.lease(LEADER) == again
+    assert store.clock() == pytest.approx(time.time(), abs=5)
+
+
+def test_another_instance_waits_out_the_lease_then_takes_it_with_the_next_token(backend):
+    a, b = backend.open(), backend.open()  # two instances, two connections
+    try:
+        assert a.take_lease(LEADER, "a", ttl=0.5).token == 1
+        held = b.take_lease(LEADER, "b", ttl=0.5)
+        assert (held.holder, held.token) == ("a", 1)  # b is a standby
+        deadline = time.monotonic() + 5
+        while b.take_lease(LEADER, "b", ttl=30).holder != "b":
+            assert time.monotonic() < deadline, "the expired lease was never taken over"
+            time.sleep(0.1)
+        assert b.lease(LEADER).token == 2
+        assert a.take_lease(LEADER, "a", ttl=30).holder == "b"  # a woke up: b leads
+    finally:
+        a.close(), b.close()
+
+
+def test_a_released_lease_is_free_at_once(store):
+    store.take_lease(LEADER, "a", ttl=300)
+    store.release_lease(LEADER, "b")  # not b's to give up
+    assert store.take_lease(LEADER, "b", ttl=300).holder == "a"
+    store.release_lease(LEADER, "a")
+    taken = store.take_lease(LEADER, "b", ttl=300)
+    assert (taken.holder, taken.token) == ("b", 2)
+
+
+def test_a_deposed_leader_can_neither_queue_nor_claim_an_action(backend):
+    a, b = backend.open(), backend.open()
+    try:
+        token_a = a.take_lease(LEADER, "a", ttl=300).token
+        queued = a.add_action("INC-1", "drain", "n1", {}, "queued", 1.0, fence=token_a)
+        a.release_lease(LEADER, "a")  # as if it froze past its expiry
+        token_b = b.take_lease(LEADER, "b", ttl=300).token
+        assert token_b == token_a + 1
+        with pytest.raises(Fenced, match=f"fencing token {token_a} is stale: the lease is at {token_b}"):
+            a.update_action(queued, "running", fence=token_a)  # its claim before calling Slurm
+        with pytest.raises(Fenced):
+            a.add_action("INC-1", "requeue", "7", {}, "queued", 2.0, fence=token_a)
+        assert [(r.id, r.status) for r in b.actions_of("INC-1")] == [(queued, "queued")]  # nothing changed
+        b.update_action(queued, "running", fence=token_b)  # the new leader resumes it
+        assert b.action(queued).status == "running"
+        assert backend.raw(b, f"SELECT token FROM actions WHERE id = {queued}") == [(token_b,)]
+    finally:
+        a.close(), b.close()
+
+
+def test_unfenced_writes_are_for_a_single_instance(store):
+    # No lease at all (SQLite, one daemon): fence=None writes as before; a
+    # fenced write without a lease is refused, never let through.
+    aid = store.add_action("INC-1", "drain", "n1", {}, "queued", 1.0)
+    with pytest.raises(Fenced):
+        store.update_action(aid, "running", fence=1)
+
+
+def test_two_instances_asking_at_once_get_one_leader(backend):
+    stores = [backend.open() for _ in range(4)]
+    try:
+        with ThreadPoolExecutor(len(stores)) as pool:
+            leases = list(pool.map(lambda i: stores[i].take_lease(LEADER, f"i{i}", ttl=300), range(len(stores))))
+        assert len({(lease.holder, lease.token) for lease in leases}) == 1 and leases[0].token == 1
+    finally:
+        for s in stores:
+            s.close()
 
 
 # --- choosing the backend: StateURL and StatePasswordFile ---------------------------

@@ -1,0 +1,107 @@
+"""Leadership: one artemisd decides and acts, a standby takes over when it dies (issue 12).
+
+The lease itself (artemisd/lease.py) is pure and tested first; then two real
+daemons on one real PostgreSQL database (tests/unit/pg.py starts the server),
+one emulated Slurm between them: the leader confirms a fault and proposes a
+drain, a person approves it through the standby, the leader dies with the
+drain queued, the standby takes over and drains once, and the old leader
+wakes up to find itself deposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from artemisd.lease import Lease, next_lease, released
+from tests.unit.test_server import HEALTHY, NODES, Clock, Harness, body, cluster, hot_gpu_confirmed, run
+from tests.unit.test_store_contract import pg_server  # noqa: F401 - the fixture
+from tests.unit.pg import PASSWORD
+from tests.unit.windows import lockstep
+
+
+def test_the_first_asker_takes_the_lease_and_renews_it():
+    first = next_lease(None, "leader", "a", 15, now=100)
+    assert first == Lease("leader", "a", 1, 100, 100, 115)
+    assert next_lease(first, "leader", "a", 15, now=110) == Lease("leader", "a", 1, 100, 110, 125)
+
+
+def test_another_holder_waits_until_expiry_then_gets_the_next_token():
+    held = Lease("leader", "a", 4, 100, 110, 125)
+    assert next_lease(held, "leader", "b", 15, now=124.9) is held
+    assert next_lease(held, "leader", "b", 15, now=125) == Lease("leader", "b", 5, 125, 125, 140)
+
+
+def test_a_holder_back_after_its_own_expiry_gets_a_new_token():
+    # Another instance may have led in between; what it wrote with token 4 must stay refused.
+    held = Lease("leader", "a", 4, 100, 110, 125)
+    assert next_lease(held, "leader", "a", 15, now=200).token == 5
+
+
+def test_only_the_holder_releases_and_only_while_it_holds():
+    held = Lease("leader", "a", 4, 100, 110, 125)
+    assert released(held, "b", now=111) is held
+    assert released(held, "a", now=111).expires == 111
+    assert released(held, "a", now=130) is held  # expired already: nothing to give up
+    assert released(None, "a", now=1) is None
+
+
+def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path):  # noqa: F811
+    async def scenario():
+        url = pg_server.create_database("failover")
+        secret = tmp_path / "pw"
+        secret.write_text(PASSWORD + "\n")
+        secret.chmod(0o600)
+        conf = (f"StateURL={url}\nStatePasswordFile={secret}\nLeaseTime=2\n"
+                "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
+        slurm, clock = cluster(), Clock()
+        try:
+            async with Harness(tmp_path / "a", conf + "Listen=127.0.0.1:7601\n", slurm, clock) as a, \
+                    Harness(tmp_path / "b", conf + "Listen=127.0.0.1:7602\n", slurm, clock) as b:
+                assert (a.daemon.role, b.daemon.role) == ("leader", "standby")
+                health = await (await b.client.get("/v1/health")).json()
+                assert health["role"] == "standby"
+                assert (health["leader"]["instance"], health["leader"]["token"]) == (a.daemon.instance, 1)
+                status = await (await b.client.get("/v1/status")).json()
+                assert (status["role"], status["leader"]) == ("standby", a.daemon.instance)
+                refused = await b.client.post("/v1/reports", data=body(lockstep(0, HEALTHY, nodes=NODES)))
+                assert refused.status == 503 and (await refused.json())["leader"] == a.daemon.instance
+
+                await hot_gpu_confirmed(a, range(8, 12))
+                [inc] = await a.incidents()
+                assert inc["action"]["status"] == "pending_approval"
+                await b.daemon.run_once()  # a standby's turn decides and runs nothing
+                # A person approves through the standby: any instance takes CLI requests.
+                assert (await b.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")).status == 200
+
+                # a dies here, the drain queued: it takes no more turns and its lease runs out.
+                died = time.monotonic()
+                while b.daemon.role != "leader":
+                    assert time.monotonic() - died < 10, "the standby never took over"
+                    await asyncio.sleep(0.2)
+                    await b.daemon.run_once()
+                takeover_s = time.monotonic() - died
+                assert takeover_s <= 2 + 1.0  # LeaseTime, plus the standby's turns
+                assert b.daemon.lease.token == 2
+                await b.daemon.run_once()
+                drains = [c for c in slurm.calls if c[0] == "drain"]
+                assert drains and slurm.nodes["n1"].drained and slurm.jobs["100"].excluded_nodes == ("n1",)
+
+                # a wakes up: its renewal finds b's lease, it stands by and runs nothing.
+                calls = len(slurm.calls)
+                await a.daemon.run_once()
+                assert a.daemon.role == "standby"
+                assert [c for c in slurm.calls[calls:] if c[0] not in ("node", "job", "partition_nodes")] == []
+                await b.daemon.run_once()
+                assert [c for c in slurm.calls if c[0] == "drain"] == drains  # drained once
+                tokens = {row.id: tok for row in b.daemon.store.actions_of(inc["id"])
+                          for (tok,) in b.daemon.store.db.execute(
+                              "SELECT token FROM actions WHERE id = %s", (row.id,)).fetchall()}
+                assert 2 in tokens.values()  # the drain was claimed under b's token
+                whats = [a["what"] for a in b.daemon.store.audit_log()]
+                assert whats.count("leader lease taken") == 2
+        finally:
+            pg_server.drop_database("failover")
+    run(scenario)
