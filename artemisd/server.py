@@ -45,11 +45,13 @@ from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
 from artemisd.ingest import IngestError, decode_body
 from artemisd.service import Daemon
+from artemisd.store import StoreUnavailable
 from artemisd.slurm import make_backend
 from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate, Refused,
                                 fit_connections_to_fd_limit, gate_middleware, read_body)
 
 TICK_S = 1.0
+STORE_RETRY_S = 5  # Retry-After while the state database is unreachable
 # After answering a request whose body it did not read (401, 413), aiohttp
 # reads and discards the rest this long before closing, so the client gets
 # the answer instead of a connection reset; discarded bytes cost no memory.
@@ -158,7 +160,11 @@ async def post_reports(request: web.Request) -> web.Response:
             return _error(400, str(err))
         records, rejected = daemon.validate(items)
         jobs = await daemon.check_jobs(principal, records)
-        result = daemon.accept(records, principal, jobs, rejected)
+        try:
+            result = daemon.accept(records, principal, jobs, rejected)
+        except StoreUnavailable as err:
+            log.warning("reports refused for a retry", error=str(err))
+            return web.json_response({"error": str(err)}, status=503, headers={"Retry-After": str(STORE_RETRY_S)})
     result.rejected.sort(key=lambda r: r["index"])
     daemon.metrics.ingest_seconds.observe(time.perf_counter() - started)
     return _json(result.as_json())

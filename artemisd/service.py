@@ -41,7 +41,7 @@ from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.store import ActionRow, StateStore, StoredIncident, open_store
+from artemisd.store import ActionRow, StateStore, StoredIncident, StoreUnavailable, open_store
 from artemisd.ingest import IngestResult
 from artemisd.lease import LEADER, Fenced, Lease
 from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
@@ -349,6 +349,10 @@ class Daemon:
         try:
             return list(self.store.add_records(rows))
         except Exception as err:  # noqa: BLE001 - find the row that fails; keep the others
+            if self.store.is_unavailable(err):
+                # The database, not a row: nothing is stored or analysed yet, so
+                # the whole batch is refused for a retry (the probe keeps it).
+                raise StoreUnavailable(f"state database unavailable: {err}") from err
             self._unforeseen("storing", err)
         seqs: list[int | None] = []
         for row, (index, _) in zip(rows, kept):

@@ -119,6 +119,10 @@ MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
+class StoreUnavailable(RuntimeError):
+    """The state database cannot be reached now; nothing of the request was kept, retry it later."""
+
+
 class SchemaError(RuntimeError):
     """The state database was written by a newer artemisd (its schema version is unknown here)."""
 
@@ -234,6 +238,7 @@ class StateStore(Protocol):
     def set_action_params(self, action_id: int, params: dict[str, Any]) -> None: ...
     def due_actions(self, now: float) -> list[ActionRow]: ...
     def clock(self) -> float: ...
+    def is_unavailable(self, err: BaseException) -> bool: ...
     def take_lease(self, name: str, holder: str, ttl: float) -> Lease: ...
     def lease(self, name: str) -> Lease | None: ...
     def release_lease(self, name: str, holder: str) -> None: ...
@@ -535,6 +540,11 @@ class Store:
     def clock(self) -> float:
         # One host holds a SQLite file: its clock is the only one.
         return time.time()
+
+    @staticmethod
+    def is_unavailable(err: BaseException) -> bool:
+        """Another process held the file past busy_timeout: worth retrying later."""
+        return isinstance(err, sqlite3.OperationalError) and "locked" in str(err)
 
     def take_lease(self, name: str, holder: str, ttl: float) -> Lease:
         with self._tx() as db:

@@ -133,15 +133,35 @@ class PostgresStore:
             extra["password"] = password
         # autocommit: a read is its own statement; writes open ``_tx`` explicitly,
         # so nothing is ever left in an idle open transaction holding locks.
-        self.db = psycopg.connect(url, autocommit=True, **extra)
+        self._connect_args = extra
+        self._closed = False
+        self._db = psycopg.connect(url, autocommit=True, **extra)
         try:
             self._migrate()
         except BaseException:
-            self.db.close()
+            self._db.close()
             raise
 
+    @property
+    def db(self) -> psycopg.Connection:
+        """The connection; a new one once the last was lost (server restarted, network cut).
+
+        The call that met the lost connection fails (a write may or may not
+        have committed: it is never replayed here); the next call connects
+        again.  A server still down fails that call too, and the next tries again.
+        """
+        if self._db.broken and not self._closed:
+            self._db = psycopg.connect(self.url, autocommit=True, **self._connect_args)
+        return self._db
+
     def close(self) -> None:
-        self.db.close()
+        self._closed = True
+        self._db.close()
+
+    @staticmethod
+    def is_unavailable(err: BaseException) -> bool:
+        """Could not reach the server, or lost it mid-call: worth retrying later, not the data's fault."""
+        return isinstance(err, psycopg.OperationalError)
 
     def _tx(self) -> psycopg.Transaction:
         return self.db.transaction()

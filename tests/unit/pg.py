@@ -91,16 +91,37 @@ class PgServer:
         pwfile.unlink()
         if out.returncode != 0:
             raise PgUnavailable(f"initdb failed: {out.stderr.decode(errors='replace')[-2000:]}")
+        self._bindir, self._user = bindir, user
+        self._launch()
+
+    def _launch(self) -> None:
+        assert self.dir is not None
         settings = ["-c", "listen_addresses=", "-c", f"unix_socket_directories={self.dir}", "-c", "port=5432",
                     "-c", "max_connections=20", "-c", "shared_buffers=32MB"]
         if not self.durable:
             settings += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
-        log = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 - the server's, closed with it
-        self.proc = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), *settings],
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+        log = open(self.dir / "postgres.log", "ab")  # noqa: SIM115 - the server's, closed with it
+        self.proc = subprocess.Popen([str(self._bindir / "postgres"), "-D", str(self.dir / "data"), *settings],
                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.dir,
-                                     **self._run_as(user))  # type: ignore[arg-type]
+                                     **self._run_as(self._user))  # type: ignore[arg-type]
         log.close()
         self._wait_ready()
+
+    def restart(self) -> None:
+        """Fast shutdown (every client's connection is cut), then the same server on the same data again."""
+        self._halt()
+        self._launch()
+
+    def _halt(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown: clients cut, no checkpoint wait for them
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # immediate; the directory goes anyway
+                self.proc.wait(timeout=10)
+        self.proc = None
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         import psycopg
@@ -143,14 +164,7 @@ class PgServer:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # fast shutdown: clients cut, no checkpoint wait for them
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()  # immediate; the directory goes anyway
-                self.proc.wait(timeout=10)
-        self.proc = None
+        self._halt()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

@@ -105,3 +105,48 @@ def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path)
         finally:
             pg_server.drop_database("failover")
     run(scenario)
+
+
+def test_a_store_reconnects_after_the_server_restarts(pg_server):  # noqa: F811
+    import psycopg
+
+    from artemisd.store_pg import PostgresStore
+
+    url = pg_server.create_database("restarted")
+    store = PostgresStore(url, password=PASSWORD)
+    try:
+        assert store.next_id("incident", "INC-") == "INC-1"
+        pg_server.restart()
+        with pytest.raises(psycopg.OperationalError) as lost:
+            store.next_id("incident", "INC-")  # met the cut connection: fails, is not replayed
+        assert store.is_unavailable(lost.value)
+        assert store.next_id("incident", "INC-") == "INC-2"  # connected again; the failed call never ran
+    finally:
+        store.close()
+        pg_server.drop_database("restarted")
+
+
+def test_reports_meeting_a_restarted_database_are_refused_for_a_retry_and_lost_by_none(pg_server, tmp_path):  # noqa: F811
+    async def scenario():
+        url = pg_server.create_database("ingest_restart")
+        secret = tmp_path / "pw"
+        secret.write_text(PASSWORD + "\n")
+        secret.chmod(0o600)
+        conf = f"StateURL={url}\nStatePasswordFile={secret}\n"
+        try:
+            async with Harness(tmp_path / "a", conf, cluster(), Clock()) as h:
+                await h.windows(range(0, 3), HEALTHY)
+                stored = h.daemon.store.record_count()
+                pg_server.restart()
+                batch = body(lockstep(3, HEALTHY, nodes=NODES))
+                refused = await h.client.post("/v1/reports", data=batch)
+                assert refused.status == 503 and refused.headers["Retry-After"] == "5"
+                assert "state database unavailable" in (await refused.json())["error"]
+                again = await h.client.post("/v1/reports", data=batch)  # the probe's retry
+                assert again.status == 200 and (await again.json())["accepted"] == len(HEALTHY)
+                assert h.daemon.store.record_count() == stored + len(HEALTHY)  # each record once
+                await h.daemon.run_once()
+                assert h.daemon.role == "leader" and h.daemon.lease.token == 1  # renewed, not retaken
+        finally:
+            pg_server.drop_database("ingest_restart")
+    run(scenario)
