@@ -7,7 +7,7 @@ stdlib-only ``torch_hook.telemetry`` and ``torch_hook.munge``, when importable).
 Configuration — ``/etc/artemis/node.conf`` (``$ARTEMIS_NODE_CONF`` overrides the
 path), slurm.conf syntax, keys case-insensitive::
 
-    Endpoint=http://artemisd.example:7600   # required; unset = do nothing
+    Endpoint=http://artemisd.example:7600   # required; unset = do nothing; a,b,… = several daemons
     MungeSocket=/run/munge/munge.socket.2   # default: libmunge's default
     AuthType=munge                          # or none (loopback daemons only)
     TimeoutSeconds=10                       # hard limit for one program run
@@ -64,10 +64,15 @@ class NodeConfig:
     source: str = DEFAULT_CONF
 
     @property
-    def http_base(self) -> str | None:
+    def http_bases(self) -> list[str]:
+        """Every daemon of ``Endpoint`` (a comma-separated list where several share one database)."""
         if self.endpoint and self.endpoint.startswith(("http://", "https://")):
-            return self.endpoint.rstrip("/")
-        return None
+            return [u.strip().rstrip("/") for u in self.endpoint.split(",") if u.strip()]
+        return []
+
+    @property
+    def http_base(self) -> str | None:
+        return self.http_bases[0] if self.http_bases else None
 
 
 _KEYS = {
@@ -104,8 +109,10 @@ def _value(attr: str, raw: str, where: str) -> Any:
         if raw.lower() in ("no", "false", "off", "0"):
             return False
         raise NodeConfError(f"{where}: expected yes or no, got {raw!r}")
-    if attr == "endpoint" and not raw.startswith(("http://", "https://", "file:")):
-        raise NodeConfError(f"{where}: expected http://HOST:PORT or file:/PATH, got {raw!r}")
+    if attr == "endpoint" and not raw.startswith("file:") and not all(
+            u.strip().startswith(("http://", "https://")) for u in raw.split(",")):
+        raise NodeConfError(f"{where}: expected http://HOST:PORT (or a comma-separated list of them) "
+                            f"or file:/PATH, got {raw!r}")
     return raw
 
 
@@ -371,8 +378,8 @@ def request(cfg: NodeConfig, method: str, path: str, payload: Any = None,
     fresh credential (munge refuses a replayed one), for as long as the
     program's hard timeout leaves room; then it fails like any other error.
     """
-    base = cfg.http_base
-    if base is None:
+    bases = cfg.http_bases
+    if not bases:
         raise DaemonError(f"no http endpoint configured in {cfg.source}")
     body = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
     retry = import_probe_module("retry")
@@ -381,27 +388,35 @@ def request(cfg: NodeConfig, method: str, path: str, payload: Any = None,
     attempt = 0
     while True:
         attempt += 1
-        headers = {"Content-Type": "application/json"}
-        credential = _credential(cfg, body)
-        if credential:
-            headers["Authorization"] = f"Munge {credential}"
-        req = urllib.request.Request(f"{base}{path}", data=body if payload is not None else None,
-                                     method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s or cfg.timeout_s) as reply:
-                text = reply.read()
-            return json.loads(text) if text else None
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:300]
-            if retry is not None and backoff is not None and err.code in retry.RETRY_STATUSES \
-                    and attempt < _MAX_ATTEMPTS:
-                wait = backoff.next(retry.retry_after_s(err.headers.get("Retry-After")))
-                if time.monotonic() + wait + _RETRY_MARGIN_S < deadline:
-                    time.sleep(wait)
-                    continue
-            raise DaemonError(f"{method} {path}: HTTP {err.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise DaemonError(f"{method} {path}: {getattr(err, 'reason', err)}") from None
+        # Each daemon of the list once per round: one that is down, or a
+        # standby (503), passes the request on to the next at once.
+        deferred_s: float | None = None
+        failures = []
+        for base in bases:
+            headers = {"Content-Type": "application/json"}
+            credential = _credential(cfg, body)
+            if credential:
+                headers["Authorization"] = f"Munge {credential}"
+            req = urllib.request.Request(f"{base}{path}", data=body if payload is not None else None,
+                                         method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=timeout_s or cfg.timeout_s) as reply:
+                    text = reply.read()
+                return json.loads(text) if text else None
+            except urllib.error.HTTPError as err:
+                detail = err.read().decode(errors="replace")[:300]
+                failures.append(f"{base}: HTTP {err.code}: {detail}")
+                if retry is None or err.code not in retry.RETRY_STATUSES:
+                    raise DaemonError(f"{method} {path}: {failures[-1]}") from None
+                deferred_s = max(deferred_s or 0.0, retry.retry_after_s(err.headers.get("Retry-After")) or 0.0)
+            except (urllib.error.URLError, OSError) as err:
+                failures.append(f"{base}: {getattr(err, 'reason', err)}")
+        if deferred_s is not None and backoff is not None and attempt < _MAX_ATTEMPTS:
+            wait = backoff.next(deferred_s or None)
+            if time.monotonic() + wait + _RETRY_MARGIN_S < deadline:
+                time.sleep(wait)
+                continue
+        raise DaemonError(f"{method} {path}: {'; '.join(failures)}")
 
 
 def send_records(cfg: NodeConfig, records: list[dict[str, Any]]) -> dict[str, Any]:

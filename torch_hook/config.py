@@ -59,8 +59,13 @@ class ProbeConfig:
     def from_env(cls, env: dict[str, str] | None = None) -> ProbeConfig:
         env = dict(os.environ if env is None else env)
         endpoint = (env.get("ARTEMIS_ENDPOINT") or "").strip() or None
-        if endpoint and not endpoint.startswith(("http://", "https://", "file:")):
-            raise ConfigError(f"ARTEMIS_ENDPOINT={endpoint!r}: expected http://host:port or file:/path")
+        if endpoint and not endpoint.startswith("file:"):
+            # A list (http://a:7600,http://b:7600): several artemisd, one leading.
+            urls = [u.strip() for u in endpoint.split(",")]
+            if not all(u.startswith(("http://", "https://")) for u in urls):
+                raise ConfigError(f"ARTEMIS_ENDPOINT={endpoint!r}: expected http://host:port (or a comma-separated "
+                                  f"list of them) or file:/path")
+            endpoint = ",".join(urls)
         sync = _flag(env, "ARTEMIS_BOUNDARY_SYNC")
         hooks = _flag(env, "ARTEMIS_COMPLETION_HOOKS")
         return cls(

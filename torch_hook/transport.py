@@ -7,6 +7,12 @@ telemetry, off the training thread), batches them and either POSTs them to
 ``<endpoint>/v1/reports`` with ``Authorization: Munge <credential>`` or, for
 ``file:/path``, appends JSON lines (a trace for ``artemis replay``).
 
+``endpoint`` may list several daemons (``http://a:7600,http://b:7600``: one
+leads, the others stand by and answer 503).  A batch goes to the one that
+last took a batch; one that cannot be reached, or answers 503/429, passes it
+on to the next at once, each tried once per round, so a failover costs no
+wait.  Only when every one of them deferred does the sender wait.
+
 A daemon that answers ``503``/``429`` (at its connection or memory limit) has
 stored nothing of the batch and asks to be retried: the sender waits its
 ``Retry-After`` (at least the current backoff, which doubles from 1 s up to
@@ -62,6 +68,9 @@ class Sender:
         backoff: Backoff | None = None,
     ):
         self.endpoint = endpoint
+        self._urls = [u for u in (endpoint or "").split(",") if u] if endpoint and endpoint.startswith("http") else []
+        self._current = 0  # index of the daemon that took the last batch
+        self.failovers = 0  # sender thread: batches that went to another daemon than the one before
         self.timeout_s = timeout_s
         self.hold_s = hold_s
         self._backoff = backoff or Backoff(random.Random())
@@ -205,15 +214,34 @@ class Sender:
             headers["Authorization"] = f"Munge {credential}"
         else:
             self.unauthenticated += 1
-        url = self.endpoint.rstrip("/") + "/v1/reports"
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read(1 << 20)
-        except urllib.error.HTTPError as err:
-            if err.code in RETRY_STATUSES:
-                raise _Deferred(err.code, retry_after_s(err.headers.get("Retry-After"))) from None
-            raise
+        deferred: _Deferred | None = None
+        failure: Exception | None = None
+        for turn in range(len(self._urls)):
+            at = (self._current + turn) % len(self._urls)
+            request = urllib.request.Request(self._urls[at].rstrip("/") + "/v1/reports", data=body,
+                                             headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    raw = response.read(1 << 20)
+            except urllib.error.HTTPError as err:
+                if err.code not in RETRY_STATUSES:
+                    raise  # it answered, and refused the batch itself: another daemon would too
+                wait = retry_after_s(err.headers.get("Retry-After"))
+                if deferred is None or (wait or 0) > (deferred.wait_s or 0):
+                    deferred = _Deferred(err.code, wait)
+                continue
+            except OSError as err:  # unreachable, refused, timed out: the next one may lead
+                failure = err
+                continue
+            if at != self._current:
+                self.failovers += 1
+                self._current = at
+            break
+        else:
+            if deferred is not None:
+                raise deferred
+            assert failure is not None
+            raise failure
         try:
             reply = json.loads(raw)
             if not isinstance(reply, dict):

@@ -229,3 +229,77 @@ def test_munge_credential_carries_the_body_digest(munged, server):
 def test_munge_without_daemon_returns_none(tmp_path):
     signer = MungeSigner(str(tmp_path / "no.sock"))
     assert signer.credential(b"x") is None and signer.last_error
+
+
+class _Standby(BaseHTTPRequestHandler):
+    """An artemisd that is not the leader: every batch answered 503, nothing stored."""
+
+    posts = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        _Standby.posts += 1
+        reply = b'{"error": "this artemisd is a standby: reports go to the leader", "leader": "b:7600"}'
+        self.send_response(503)
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+@pytest.fixture
+def standby():
+    _Standby.posts = 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Standby)
+    srv.daemon_threads = True
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once closed
+
+
+def _delivered() -> list[int]:
+    return [r["window"]["seq"] for body, _ in _Handler.seen for r in json.loads(body)]
+
+
+def test_a_list_of_daemons_goes_past_a_dead_one_and_a_standby_to_the_leader_without_waiting(server, standby):
+    sender = Sender(f"{_closed_port()},{standby},{server}")
+    for seq in range(3):
+        sender.submit(_report(seq))
+        assert sender.flush(10)
+    sender.close()
+    assert _delivered() == [0, 1, 2] and sender.dropped == 0
+    assert sender.deferred == 0  # the standby's 503 cost no wait: the next daemon took the batch
+    assert sender.failovers == 1 and _Standby.posts == 1  # later batches went straight to the leader
+
+
+def test_when_every_daemon_defers_the_batch_waits_and_is_not_lost(server, standby):
+    _Handler.busy = 1  # the leader is at its connection cap once
+    sender = Sender(f"{standby},{server}")
+    sender.submit(_report(7))
+    assert sender.flush(15)
+    sender.close()
+    # The leader saw it twice: refused at its cap in the first round, taken in the second.
+    assert _delivered() == [7, 7] and _Standby.posts == 2 and sender.dropped == 0 and sender.deferred == 1
+
+
+def test_endpoint_lists_are_checked():
+    from torch_hook.config import ConfigError, ProbeConfig
+
+    cfg = ProbeConfig.from_env({"ARTEMIS_ENDPOINT": "http://a:7600, http://b:7600"})
+    assert cfg.endpoint == "http://a:7600,http://b:7600"
+    with pytest.raises(ConfigError, match="comma-separated list"):
+        ProbeConfig.from_env({"ARTEMIS_ENDPOINT": "http://a:7600,b:7600"})

@@ -123,6 +123,17 @@ def test_daemon_busy_past_the_timeout_gives_up_cleanly_before_it(tmp_path: Path)
     assert 2 <= len(daemon.recorder.requests) <= 3
 
 
+def test_an_endpoint_list_goes_past_a_dead_daemon_and_a_standby(tmp_path: Path) -> None:
+    with socket.socket() as holder, RecordingDaemon() as standby, RecordingDaemon() as leader:
+        holder.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
+        standby.recorder.busy, standby.recorder.retry_after = 1000, "5"  # a standby answers every POST 503
+        endpoints = f"http://127.0.0.1:{holder.getsockname()[1]},{standby.endpoint},{leader.endpoint}"
+        done = run_hook(PROLOG, slurmd_env(tmp_path, write_conf(tmp_path, endpoints)))
+    assert done.returncode == 0, done.stderr
+    assert [r["event"] for r in leader.recorder.reports()] == ["job_start"]
+    assert len(standby.recorder.requests) == 1  # asked once and passed on at once, no Retry-After waited
+
+
 def test_bad_node_conf_is_named_and_harmless(tmp_path: Path) -> None:
     conf = tmp_path / "node.conf"
     conf.write_text("Endpoint=http://127.0.0.1:9\nTimeoutSecnds=3\n")
