@@ -150,3 +150,79 @@ def test_reports_meeting_a_restarted_database_are_refused_for_a_retry_and_lost_b
         finally:
             pg_server.drop_database("ingest_restart")
     run(scenario)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(port: int) -> dict | None:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as reply:
+            return json.loads(reply.read())
+    except OSError:
+        return None
+
+
+def _wait_health(port: int, role: str, proc, timeout_s: float) -> tuple[dict, float]:
+    started = time.monotonic()
+    while True:
+        health = _health(port)
+        if health is not None and health["role"] == role:
+            return health, time.monotonic() - started
+        assert proc.poll() is None, f"artemisd on {port} exited {proc.returncode}"
+        assert time.monotonic() - started < timeout_s, f"artemisd on {port} never became {role}: {health}"
+        time.sleep(0.1)
+
+
+def test_two_artemisd_processes_kill_the_leader_and_the_standby_leads(pg_server, tmp_path):  # noqa: F811
+    # Real processes, as systemd runs them; the leader is killed with SIGKILL (no release of its lease).
+    import signal
+    import subprocess
+    import sys
+
+    url = pg_server.create_database("processes")
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o600)
+    procs: dict[str, subprocess.Popen] = {}
+    ports = {"a": _free_port(), "b": _free_port()}
+
+    def start(name: str) -> subprocess.Popen:
+        conf = tmp_path / f"{name}.conf"
+        conf.write_text(f"StateURL={url}\nStatePasswordFile={secret}\nStateDir={tmp_path / name}\nAuthType=none\n"
+                        f"Listen=127.0.0.1:{ports[name]}\nLeaseTime=3\n")
+        log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - closed when the test ends
+        procs[name] = subprocess.Popen([sys.executable, "-m", "artemisd.server", "-c", str(conf)],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        return procs[name]
+
+    try:
+        _wait_health(ports["a"], "leader", start("a"), 60)
+        health, _ = _wait_health(ports["b"], "standby", start("b"), 60)
+        assert health["leader"]["instance"].endswith(f"127.0.0.1:{ports['a']}") and health["leader"]["token"] == 1
+        procs["a"].send_signal(signal.SIGKILL)
+        procs["a"].wait(timeout=10)
+        health, takeover_s = _wait_health(ports["b"], "leader", procs["b"], 3 + 10)
+        assert health["leader"]["token"] == 2
+        # The killed daemon restarted: the lease is b's now, so it stands by.
+        health, _ = _wait_health(ports["a"], "standby", start("a"), 60)
+        assert health["leader"]["instance"].endswith(f"127.0.0.1:{ports['b']}")
+        print(f"takeover after SIGKILL: {takeover_s:.1f} s (LeaseTime=3)")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        pg_server.drop_database("processes")
