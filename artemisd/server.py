@@ -266,6 +266,7 @@ async def get_status(request: web.Request) -> web.Response:
     lease = daemon.lease
     return _json({"version": __version__, "listen": d.listen, "dry_run": d.dry_run, "enabled": d.enabled,
                   "instance": daemon.instance, "role": daemon.role, "leader": lease.holder if lease else None,
+                  "instances": daemon.store.instances(),
                   "auth": d.auth_type, "incidents": counts, "jobs": daemon.store.jobs()[:50],
                   "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
                   "restore_skipped": daemon.restore_skipped,

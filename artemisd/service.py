@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from artemisd import decide, ingest, mail, policy, verify
+from artemisd import __version__, decide, ingest, mail, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
@@ -84,6 +84,7 @@ class Daemon:
         self.instance = f"{socket.gethostname()}:{config.daemon.listen}"
         self.lease: Lease | None = None
         self._fence: int | None = None  # the lease token while this instance leads
+        self.started = time.time()
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
@@ -582,6 +583,10 @@ class Daemon:
         self.lease = lease
         self._fence = lease.token if leading else None
         self.metrics.leader.set(1 if leading else 0)
+        try:
+            self.store.heartbeat(self.instance, self.role, __version__, self.started)
+        except Exception as err:  # noqa: BLE001 - only `artemis status` misses this turn
+            log.warning("heartbeat not recorded", error=str(err))
         if self._fence != was:
             if leading:
                 log.info("leading", instance=self.instance, token=lease.token)

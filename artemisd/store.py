@@ -107,13 +107,17 @@ QUARANTINE_KEPT = 10_000
 # row in schema_version.  Migration 1 is the schema as it was before versions
 # were recorded; its statements are all IF NOT EXISTS, so a file written then
 # (no schema_version table) is brought to version 1 without a table changed.
-# Migration 2 (issue 12): the leader lease, and each action's fencing token
-# (the lease token of the leader that wrote it; NULL before leases existed).
+# Migration 2 (issue 12): the leader lease, each action's fencing token (the
+# lease token of the leader that wrote it; NULL before leases existed), and
+# every instance's last turn (what `artemis status` lists).
 LEASES = """
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL,
     acquired REAL NOT NULL, renewed REAL NOT NULL, expires REAL NOT NULL);
 ALTER TABLE actions ADD COLUMN token INTEGER;
+CREATE TABLE IF NOT EXISTS instances (
+    instance TEXT PRIMARY KEY, role TEXT NOT NULL, version TEXT NOT NULL,
+    started REAL NOT NULL, seen REAL NOT NULL);
 """
 MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -242,6 +246,8 @@ class StateStore(Protocol):
     def take_lease(self, name: str, holder: str, ttl: float) -> Lease: ...
     def lease(self, name: str) -> Lease | None: ...
     def release_lease(self, name: str, holder: str) -> None: ...
+    def heartbeat(self, instance: str, role: str, version: str, started: float) -> None: ...
+    def instances(self) -> list[dict[str, Any]]: ...
     def actions_of(self, incident: str) -> list[ActionRow]: ...
     def action(self, action_id: int) -> ActionRow | None: ...
     def drain_actions(self) -> list[tuple[int, str, str, float]]: ...
@@ -567,6 +573,19 @@ class Store:
             after = released(current, holder, now)
             if after is not None and after != current:
                 db.execute("UPDATE leases SET expires = ? WHERE name = ?", (after.expires, name))
+
+    def heartbeat(self, instance: str, role: str, version: str, started: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO instances(instance, role, version, started, seen) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT(instance) DO UPDATE SET role = excluded.role, version = excluded.version, "
+                       "started = excluded.started, seen = excluded.seen",
+                       (instance, role, version, started, self.clock()))
+
+    def instances(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"instance": r[0], "role": r[1], "version": r[2], "started": r[3], "seen_s_ago": round(now - r[4], 1)}
+                for r in self.db.execute("SELECT instance, role, version, started, seen FROM instances "
+                                         "ORDER BY instance")]
 
     @staticmethod
     def _lease(db: sqlite3.Connection, name: str) -> Lease | None:

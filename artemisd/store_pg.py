@@ -106,6 +106,9 @@ CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, token BIGINT NOT NULL,
     acquired DOUBLE PRECISION NOT NULL, renewed DOUBLE PRECISION NOT NULL, expires DOUBLE PRECISION NOT NULL);
 ALTER TABLE actions ADD COLUMN IF NOT EXISTS token BIGINT;
+CREATE TABLE IF NOT EXISTS instances (
+    instance TEXT PRIMARY KEY, role TEXT NOT NULL, version TEXT NOT NULL,
+    started DOUBLE PRECISION NOT NULL, seen DOUBLE PRECISION NOT NULL);
 """
 MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2))
 assert MIGRATIONS[-1][0] == _SQLITE_VERSION, "a migration added to one backend must be added to the other"
@@ -411,6 +414,19 @@ class PostgresStore:
                                 "expires = %s WHERE name = %s",
                                 (after.holder, after.token, after.acquired, after.renewed, after.expires, name))
         return after
+
+    def heartbeat(self, instance: str, role: str, version: str, started: float) -> None:
+        with self._tx():
+            self.db.execute("INSERT INTO instances(instance, role, version, started, seen) "
+                            "VALUES (%s, %s, %s, %s, EXTRACT(EPOCH FROM clock_timestamp())) "
+                            "ON CONFLICT (instance) DO UPDATE SET role = excluded.role, version = excluded.version, "
+                            "started = excluded.started, seen = excluded.seen",
+                            (instance, role, version, started))
+
+    def instances(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"instance": r[0], "role": r[1], "version": r[2], "started": r[3], "seen_s_ago": round(now - r[4], 1)}
+                for r in self._all("SELECT instance, role, version, started, seen FROM instances ORDER BY instance")]
 
     def lease(self, name: str) -> Lease | None:
         row = self._one("SELECT name, holder, token, acquired, renewed, expires FROM leases WHERE name = %s",

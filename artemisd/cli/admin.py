@@ -97,6 +97,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if "role" in status:  # older daemons do not say
         leader = "" if status["role"] == "leader" else f" (leader: {status.get('leader') or 'none yet'})"
         print(f"role: {status['role']}{leader}")
+    for inst in status.get("instances", []):
+        # Every artemisd sharing this database, by its last turn (a dead one stops being seen).
+        print(f"  instance {inst['instance']:<32} {inst['role']:<8} {inst['version']:<10} "
+              f"last turn {inst['seen_s_ago']:.0f} s ago")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["incidents"].items())) or "none"
     print(f"incidents: {counts}")
     print(f"open actions: {status['open_actions']}   stored records: {status['records']}")

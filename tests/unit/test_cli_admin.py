@@ -121,6 +121,7 @@ def test_admin_commands_and_plot(daemon, tmp_path, capsys):
     assert artemis(["status", "--server", daemon.url]) == 0
     out = capsys.readouterr().out
     assert "auth=none" in out and "1 confirmed" in out
+    assert "role: leader\n" in out and " leader " in out.split("role: leader", 1)[1]  # its own instance row
     assert artemis(["incidents", "--server", daemon.url]) == 0
     out = capsys.readouterr().out
     assert inc["id"] in out and "gpu.clocks" in out

@@ -215,6 +215,12 @@ def test_two_artemisd_processes_kill_the_leader_and_the_standby_leads(pg_server,
         # The killed daemon restarted: the lease is b's now, so it stands by.
         health, _ = _wait_health(ports["a"], "standby", start("a"), 60)
         assert health["leader"]["instance"].endswith(f"127.0.0.1:{ports['b']}")
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['a']}/v1/status", timeout=5) as reply:
+            listed = {i["instance"].rsplit(":", 1)[1]: i["role"] for i in json.loads(reply.read())["instances"]}
+        assert listed == {str(ports["a"]): "standby", str(ports["b"]): "leader"}
         print(f"takeover after SIGKILL: {takeover_s:.1f} s (LeaseTime=3)")
     finally:
         for proc in procs.values():

@@ -399,7 +399,8 @@ def test_a_sqlite_file_from_before_versions_is_version_1_unchanged(tmp_path):
         {k: v for k, v in tables.items() if k != "actions"}
     assert after["actions"].startswith(tables["actions"].rstrip(")"))
     assert "token INTEGER" in after["actions"]
-    assert set(after) - set(tables) == {"schema_version", "leases", "sqlite_autoindex_leases_1"}
+    assert set(after) - set(tables) == {"schema_version", "leases", "sqlite_autoindex_leases_1",
+                                        "instances", "sqlite_autoindex_instances_1"}
     assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2]
 
 
@@ -467,6 +468,16 @@ def test_unfenced_writes_are_for_a_single_instance(store):
     aid = store.add_action("INC-1", "drain", "n1", {}, "queued", 1.0)
     with pytest.raises(Fenced):
         store.update_action(aid, "running", fence=1)
+
+
+def test_every_instance_is_listed_by_its_last_turn(store):
+    store.heartbeat("b:7600", "standby", "0.9", started=10.0)
+    store.heartbeat("a:7600", "standby", "0.9", started=5.0)
+    store.heartbeat("a:7600", "leader", "1.0", started=5.0)  # took the lease: one row, updated
+    listed = store.instances()
+    assert [(i["instance"], i["role"], i["version"], i["started"]) for i in listed] == [
+        ("a:7600", "leader", "1.0", 5.0), ("b:7600", "standby", "0.9", 10.0)]
+    assert all(0 <= i["seen_s_ago"] < 5 for i in listed)
 
 
 def test_two_instances_asking_at_once_get_one_leader(backend):
