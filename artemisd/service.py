@@ -573,13 +573,15 @@ class Daemon:
         was = self._fence
         try:
             lease = self.store.take_lease(LEADER, self.instance, self.config.daemon.lease_time)
-            leading = lease.held_by(self.instance, self.store.clock())
         except Exception as err:  # noqa: BLE001 - any database failure: not provably the leader
             if was is not None:
                 log.warning("leader lease not renewed: standing by", instance=self.instance, error=str(err))
             self._fence = None
             self.metrics.leader.set(0)
             return False
+        # take_lease renews or takes it for this holder whenever it can, and
+        # otherwise returns another's unexpired lease: the holder alone says.
+        leading = lease.holder == self.instance
         self.lease = lease
         self._fence = lease.token if leading else None
         self.metrics.leader.set(1 if leading else 0)

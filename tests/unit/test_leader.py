@@ -22,6 +22,14 @@ from tests.unit.pg import PASSWORD
 from tests.unit.windows import lockstep
 
 
+def password_file(tmp_path):
+    """StatePasswordFile as an admin writes it: the server's password, mode 600."""
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o600)
+    return secret
+
+
 def test_the_first_asker_takes_the_lease_and_renews_it():
     first = next_lease(None, "leader", "a", 15, now=100)
     assert first == Lease("leader", "a", 1, 100, 100, 115)
@@ -51,9 +59,7 @@ def test_only_the_holder_releases_and_only_while_it_holds():
 def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path):  # noqa: F811
     async def scenario():
         url = pg_server.create_database("failover")
-        secret = tmp_path / "pw"
-        secret.write_text(PASSWORD + "\n")
-        secret.chmod(0o600)
+        secret = password_file(tmp_path)
         conf = (f"StateURL={url}\nStatePasswordFile={secret}\nLeaseTime=2\n"
                 "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
         slurm, clock = cluster(), Clock()
@@ -129,9 +135,7 @@ def test_a_store_reconnects_after_the_server_restarts(pg_server):  # noqa: F811
 def test_reports_meeting_a_restarted_database_are_refused_for_a_retry_and_lost_by_none(pg_server, tmp_path):  # noqa: F811
     async def scenario():
         url = pg_server.create_database("ingest_restart")
-        secret = tmp_path / "pw"
-        secret.write_text(PASSWORD + "\n")
-        secret.chmod(0o600)
+        secret = password_file(tmp_path)
         conf = f"StateURL={url}\nStatePasswordFile={secret}\n"
         try:
             async with Harness(tmp_path / "a", conf, cluster(), Clock()) as h:
@@ -189,9 +193,7 @@ def test_two_artemisd_processes_kill_the_leader_and_the_standby_leads(pg_server,
     import sys
 
     url = pg_server.create_database("processes")
-    secret = tmp_path / "pw"
-    secret.write_text(PASSWORD + "\n")
-    secret.chmod(0o600)
+    secret = password_file(tmp_path)
     procs: dict[str, subprocess.Popen] = {}
     ports = {"a": _free_port(), "b": _free_port()}
 
