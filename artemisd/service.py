@@ -41,7 +41,7 @@ from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.store import ActionRow, StateStore, StoredIncident, StoreUnavailable, open_store
+from artemisd.store import ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, open_store
 from artemisd.ingest import IngestResult
 from artemisd.lease import LEADER, Fenced, Lease
 from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
@@ -100,6 +100,7 @@ class Daemon:
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
         self._dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> its probe's dropped_reports
         self._restoring = False
+        self._fed_seq = 0  # the highest stored record seq the analyzer has seen
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
@@ -122,39 +123,67 @@ class Daemon:
         analysis is quarantined (never replayed again) and counted in
         ``restore_skipped`` (``artemis status``).
         """
-        stored = self.store.incidents()
-        by_subject: dict[str, list[StoredIncident]] = {}
-        for inc in stored:
-            by_subject.setdefault(inc.subject, []).append(inc)
+        fed, skipped, bound = self._replay(self.store.records())
+        self.restore_skipped = skipped
+        if fed or bound:
+            log.info("state restored", records=fed, skipped=skipped, bound=bound)
+        self._update_gauges()
+
+    def follow(self) -> int:
+        """A standby's turn: feed the analyzer what the leader stored since the last one.
+
+        The standby's analyzer then holds the same window history and the same
+        incidents as the leader's, so a takeover resumes every incident at
+        once (a verification included) instead of replaying the whole history
+        first.  Only the leader writes records (a standby refuses reports), and
+        it commits them in ``seq`` order, so "after the highest seq fed" misses
+        none.  Returns how many records were fed.
+        """
+        fed, skipped, _ = self._replay(self.store.records(after=self._fed_seq))
+        self.restore_skipped += skipped
+        return fed
+
+    def _replay(self, records: Iterable[StoredRecord]) -> tuple[int, int, int]:
+        """Stored records -> the analyzer, nothing published: (fed, quarantined, incidents bound)."""
+        by_subject: dict[str, list[StoredIncident]] | None = None
+
+        def stored_incidents() -> dict[str, list[StoredIncident]]:
+            nonlocal by_subject
+            if by_subject is None:  # read once, and only when a replayed incident needs binding
+                by_subject = {}
+                for inc in self.store.incidents():
+                    by_subject.setdefault(inc.subject, []).append(inc)
+            return by_subject
+
+        bound_before = len(self._bound)
         self._restoring = True
         fed = 0
         bad: list[tuple[int, str]] = []
         context = self._context()
         try:
-            for rec in self.store.records():
+            for rec in records:
+                self._fed_seq = max(self._fed_seq, rec.seq)
                 try:
                     record = parse_record(json.loads(rec.body), context=context)
                     if type(record) is WindowReport:
                         self._seed_run(record)
                     self._remember(record)
                     for update in self.analyzer.ingest(record):
-                        self._bind_restored(update, by_subject)
+                        if update.id not in self._bound:
+                            self._bind_restored(update, stored_incidents())
                     fed += 1
                 except ReportError as err:
                     bad.append((rec.seq, f"restore: {err}"))
                 except Exception as err:  # noqa: BLE001 - stored data must never stop a start
                     bad.append((rec.seq, f"restore: {self._unforeseen('restoring', err)}"))
-            self.analyzer.pending_probes()  # already issued (or refused) before the restart
+            self.analyzer.pending_probes()  # the leader issued (or refused) them already
         finally:
             self._restoring = False
         if bad:
             self.store.quarantine(bad, self.clock())
             self.metrics.quarantined.inc(len(bad))
             log.warning("stored records skipped and quarantined", count=len(bad), first=bad[0][1][:300])
-        self.restore_skipped = len(bad)
-        if fed or stored:
-            log.info("state restored", records=fed, skipped=len(bad), incidents=len(stored), bound=len(self._bound))
-        self._update_gauges()
+        return fed, len(bad), len(self._bound) - bound_before
 
     def _context(self) -> dict[str, Any]:
         return {"max_world": self.config.daemon.max_world}
@@ -178,8 +207,6 @@ class Daemon:
             self._set_run(rec.job, base, current)
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
-        if update.id in self._bound:
-            return
         bound = set(self._bound.values())
         for inc in by_subject.get(subject_of(update), []):
             if inc.id not in bound:
@@ -295,6 +322,7 @@ class Daemon:
                 rows.append((rec.job, None, rec.node, now, principal.uid, principal.root_side, body))
             kept.append((index, rec))
         seqs = self._store_rows(rows, kept, result)
+        self._fed_seq = max([self._fed_seq, *(seq for seq in seqs if seq is not None)])
         steps: set[tuple[str, str]] = set()
         analysed: list[WindowReport | NodeEvent] = []
         failed: list[tuple[int, str]] = []
@@ -608,10 +636,14 @@ class Daemon:
 
     async def run_once(self) -> None:
         """One turn: as the leader, decide what confirmed incidents get, run due actions,
-        verify, close recovered ones; as a standby, only keep the gauges."""
+        verify, close recovered ones; as a standby, follow the leader's records (``follow``)."""
+        was_leading = self._fence is not None
         if not self._lead():
+            self.follow()
             self._update_gauges()
             return
+        if not was_leading:
+            self.follow()  # the deposed leader's last records, before this one decides anything
         try:
             await self._lead_once()
         except Fenced as err:

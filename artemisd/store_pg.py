@@ -274,10 +274,9 @@ class PostgresStore:
             self.db.execute("DELETE FROM records WHERE job = %s", (job,))
             self.db.execute("DELETE FROM throughput WHERE job = %s", (job,))
 
-    def records(self) -> Iterator[StoredRecord]:
+    def records(self, after: int = 0) -> Iterator[StoredRecord]:
         # In pages by seq: lazy like SQLite's cursor, without a transaction held
         # open across the caller's other calls while it replays.
-        after = 0
         while True:
             page = self._all("SELECT seq, received, uid, root, body FROM records WHERE seq > %s ORDER BY seq "
                              "LIMIT %s", (after, _RECORDS_BATCH))

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from artemisd.lease import Lease, next_lease, released
-from tests.unit.test_server import HEALTHY, NODES, Clock, Harness, body, cluster, hot_gpu_confirmed, run
+from tests.unit.test_server import (HEALTHY, HOT, NODES, SLOW_BUSY, Clock, Harness, body, cluster,
+                                    hot_gpu_confirmed, run)
 from tests.unit.test_store_contract import pg_server  # noqa: F401 - the fixture
 from tests.unit.pg import PASSWORD
 from tests.unit.windows import lockstep
@@ -110,6 +111,42 @@ def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path)
                 assert whats.count("leader lease taken") == 2
         finally:
             pg_server.drop_database("failover")
+    run(scenario)
+
+
+def test_a_warm_standby_resumes_a_confirmation_where_the_dead_leader_left_it(pg_server, tmp_path):  # noqa: F811
+    """The standby follows the leader's records while it stands by: after a takeover the
+    next slow windows confirm the same incident, as the leader itself would have, instead
+    of starting the job's history and the confirmation over (one slow window confirms,
+    where a standby that had not followed would have nothing to compare it with)."""
+    async def scenario():
+        url = pg_server.create_database("warm")
+        secret = password_file(tmp_path)
+        conf = (f"StateURL={url}\nStatePasswordFile={secret}\nLeaseTime=2\n"
+                "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
+        slurm, clock = cluster(), Clock()
+        try:
+            async with Harness(tmp_path / "a", conf + "Listen=127.0.0.1:7601\n", slurm, clock) as a, \
+                    Harness(tmp_path / "b", conf + "Listen=127.0.0.1:7602\n", slurm, clock) as b:
+                await a.windows(range(0, 8), HEALTHY)
+                await a.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
+                await a.windows(range(8, 9), SLOW_BUSY, gpu=HOT)
+                assert await a.incidents() == []  # flagged once: not confirmed yet
+                await b.daemon.run_once()  # a standby's turn: it follows what a stored
+                assert b.daemon.role == "standby"
+                assert b.daemon.analyzer.throughput("100", "0") == a.daemon.analyzer.throughput("100", "0")
+
+                died = time.monotonic()  # a dies: no more turns
+                while b.daemon.role != "leader":
+                    assert time.monotonic() - died < 10, "the standby never took over"
+                    await asyncio.sleep(0.2)
+                    await b.daemon.run_once()
+                await b.windows(range(9, 10), SLOW_BUSY, gpu=HOT)  # the probes fail over to b
+                [confirmed] = await b.incidents()
+                assert (confirmed["cause"], confirmed["rank"]) == ("gpu.thermal", 2)
+                assert confirmed["onset_window"] == 8  # the window a saw, b never received
+        finally:
+            pg_server.drop_database("warm")
     run(scenario)
 
 
