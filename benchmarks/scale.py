@@ -1,0 +1,218 @@
+"""artemisd at scale on PostgreSQL: ingest, analysis, a standby's follow, a cold restore, and a sizing table.
+
+    .venv/bin/python benchmarks/scale.py                          # 100,000 ranks, 3 windows
+    .venv/bin/python benchmarks/scale.py --ranks 10000 --windows 4 --batch 8
+
+One job of ``--ranks`` ranks (8 GPUs per node, one island) reporting
+``--windows`` windows, records shaped like the probe's (step split, p50s, one
+collective, GPU and host telemetry, environment fingerprint; ~900 bytes of
+JSON).  A throwaway PostgreSQL server (tests/unit/pg.py, unix socket,
+PostgreSQL's defaults: every commit flushed) holds the state.  Each window is
+posted as bodies of ``--batch`` records (1,024: a forwarder's batch; 8: one
+node's ranks) and goes through what ``POST /v1/reports`` does minus HTTP and
+authentication: ``decode_body``, ``Daemon.validate`` (every bound), and
+``Daemon.accept`` (stored in one transaction per body, analysed).  Timed,
+as CPU seconds per 100,000 reports:
+
+* **validate**: decode + validate, on the leader;
+* **accept**: store + analyse + directives, on the leader (of which
+  **analyzer**: ``Analyzer.ingest`` of the same records in a fresh analyzer,
+  window close and frame analysis included);
+* **PostgreSQL**: the server's processes' CPU over the ingest (from /proc);
+* **follow**: a standby on the same database catching up on those windows
+  (``Daemon.follow``: read, decode, validate, analyse) — a standby's steady
+  cost, and the work of a takeover, which follows the last turn's records;
+* **restore**: a daemon started on that database (``Daemon.restore``, as after
+  a restart of every instance).
+
+The sizing table extrapolates linearly from those per-report costs (every one
+of them is linear in the reports: per-record work plus one analysis per
+window whose cost is ~25 ms at 100k ranks, docs/benchmarks.md "Analysis
+cost").  The process is pinned to one CPU, BLAS pools to one thread.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from artemisd.auth import TRUSTED_LOCAL  # noqa: E402
+from artemisd.config import parse_config_text  # noqa: E402
+from artemisd.ingest import decode_body  # noqa: E402
+from artemisd.pipeline import Analyzer  # noqa: E402
+from artemisd.server import configure_logging, tune_gc  # noqa: E402
+from artemisd.service import Daemon  # noqa: E402
+from artemisd.slurm.cli import CliSlurm  # noqa: E402
+from tests.unit.pg import PASSWORD, PgServer  # noqa: E402
+
+GPUS_PER_NODE = 8
+WINDOW_S = 10.0
+
+
+def window(seq: int, ranks: int, rng: random.Random) -> list[dict[str, Any]]:
+    """One window of a healthy job, as its probes send it."""
+    out = []
+    t0 = 1.8e9 + seq * WINDOW_S
+    for rank in range(ranks):
+        busy = 180.0 * (1 + rng.gauss(0, 0.02))
+        step = 250.0
+        out.append({
+            "type": "window", "v": 1, "job": "777001", "step": "0", "rank": rank, "world": ranks,
+            "node": f"gpu{rank // GPUS_PER_NODE:05d}", "island": "nvidia:H100",
+            "device": {"vendor": "nvidia", "model": "H100", "index": rank % GPUS_PER_NODE},
+            "window": {"seq": seq, "first_step": seq * 40, "steps": 40, "t0": t0, "t1": t0 + WINDOW_S},
+            "ms": {"step": step, "busy": round(busy, 3), "compute": round(busy - 5, 3), "data": 5.0,
+                   "comm_wait": round(step - busy, 3)},
+            "ms_p50": {"step": step, "busy": round(busy, 3)},
+            "samples": 32.0,
+            "collectives": [{"op": "all_reduce", "group": "world", "calls": 40, "bytes": 4.2e9, "ms": 2800.0}],
+            "gpu": {"sm_clock_mhz": 1980.0, "max_sm_clock_mhz": 1980.0, "power_w": 650.0, "power_limit_w": 700.0,
+                    "temp_c": 61.0, "util_pct": 97.0, "throttle": [], "ecc_uncorrected": 0, "pcie_replay": 0},
+            "host": {"cpu_pct": 35.0, "steal_pct": 0.0, "iowait_pct": 0.1, "ctx_invol_per_s": 40.0,
+                     "net_retransmits_per_s": 0.0},
+            "env": {"driver": "550.54.15", "comm_lib": "nccl 2.21.5", "torch": "2.13.0",
+                    "config": "sha256:24a571cf962c0cd0c0cd6edcadb1c69e5a9cfc597933f6ce5fcc9ba69591dac1"},
+            "dropped_reports": 0,
+        })
+    return out
+
+
+def server_cpu_s(pg: PgServer) -> float:
+    """CPU seconds of every process of the PostgreSQL server (postmaster and its backends)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    root = pg.proc.pid
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(entry.name), int(fields[1])
+        if pid == root or ppid == root:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def daemon(url: str, secret: Path, listen: str) -> Daemon:
+    config = parse_config_text(f"StateURL={url}\nStatePasswordFile={secret}\nAuthType=none\nListen={listen}\n")
+    return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
+
+
+def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
+    rng = random.Random(7)
+    bodies = []
+    for seq in range(windows):
+        recs = window(seq, ranks, rng)
+        bodies.append([json.dumps(recs[i:i + batch]).encode() for i in range(0, ranks, batch)])
+    reports = ranks * windows
+    out: dict[str, float] = {"reports": reports, "body_bytes_per_report": sum(map(len, bodies[0])) / ranks}
+    pg = PgServer(durable=True).start()
+    try:
+        url = pg.create_database("scale")
+        with tempfile.TemporaryDirectory() as tmp:
+            secret = Path(tmp, "pw")
+            secret.write_text(PASSWORD + "\n")
+            secret.chmod(0o600)
+            leader = daemon(url, secret, "127.0.0.1:7701")
+            standby = daemon(url, secret, "127.0.0.1:7702")
+            assert (leader.role, standby.role) == ("leader", "standby")
+
+            validated = []
+            start = time.process_time()
+            for window_bodies in bodies:
+                validated.append([leader.validate(decode_body(body)) for body in window_bodies])
+            out["validate"] = time.process_time() - start
+
+            pg_before = server_cpu_s(pg)
+            start = time.process_time()
+            for window_batches in validated:
+                for records, rejected in window_batches:
+                    result = leader.accept(records, TRUSTED_LOCAL, {}, rejected)
+                    assert not result.rejected, result.rejected[:3]
+            out["accept"] = time.process_time() - start
+            out["postgresql"] = server_cpu_s(pg) - pg_before
+
+            analyzer = Analyzer(leader.config.analysis, id_prefix="A-", active_probe=True)
+            start = time.process_time()
+            for window_batches in validated:
+                for records, _ in window_batches:
+                    for _, rec in records:
+                        analyzer.ingest(rec)
+            out["analyzer"] = time.process_time() - start
+            del validated
+
+            start = time.process_time()
+            fed = standby.follow()
+            out["follow"] = time.process_time() - start
+            assert fed == reports, (fed, reports)
+
+            start = time.process_time()
+            restarted = daemon(url, secret, "127.0.0.1:7703")
+            out["restore"] = time.process_time() - start
+            for d in (leader, standby, restarted):
+                d.store.close()
+    finally:
+        pg.stop()
+    return out
+
+
+def sizing(per_100k: dict[str, float], keep: int) -> list[str]:
+    rows = ["| GPUs | window | reports/s | leader cores (validate + accept) | PostgreSQL cores "
+            "| standby cores (follow) | stored rows | cold restore |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for gpus in (1_000, 10_000, 100_000):
+        for window_s in (10, 60):
+            rate = gpus / window_s
+            leader = rate * (per_100k["validate"] + per_100k["accept"]) / 100_000
+            pg = rate * per_100k["postgresql"] / 100_000
+            follow = rate * per_100k["follow"] / 100_000
+            restore = gpus * keep * per_100k["restore"] / 100_000
+            rows.append(f"| {gpus:,} | {window_s} s | {rate:,.0f} | {leader:.2f} | {pg:.2f} | {follow:.2f} "
+                        f"| {gpus * keep:,} | {restore / 60:,.1f} min |")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=100_000)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=1024, help="records per request body")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU to pin this process to")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {args.cpu})
+    configure_logging()
+    logging.getLogger().setLevel(logging.WARNING)
+    tune_gc()
+    got = measure(args.ranks, args.windows, args.batch)
+    reports = got["reports"]
+    per_100k = {k: v * 100_000 / reports for k, v in got.items() if k not in ("reports", "body_bytes_per_report")}
+    print(f"{args.ranks:,} ranks x {args.windows} windows = {reports:,.0f} reports, bodies of {args.batch}, "
+          f"{got['body_bytes_per_report']:.0f} bytes/report")
+    print(f"{'':24}{'CPU s':>10}{'per 100k reports':>20}{'reports/CPU-s':>16}")
+    for key, value in per_100k.items():
+        print(f"{key:24}{got[key]:10.2f}{value:20.2f}{reports / got[key] if got[key] else float('inf'):16,.0f}")
+    keep = parse_config_text("").daemon.history_windows_kept
+    print(f"\nsizing (linear in reports; HistoryWindowsKept={keep}):")
+    print("\n".join(sizing(per_100k, keep)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
