@@ -479,7 +479,7 @@ def _build_block(opening: str, settings: list[Setting]) -> _Section:
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         src = sources.get(str(first["loc"][0]) if first["loc"] else "", settings[0])
-        raise ConfigError(src.file, src.line, src.key, f"bad value {src.value!r}: {first['msg']}") from None
+        raise ConfigError(src.file, src.line, src.key, f"bad value {_shown(src.value)!r}: {first['msg']}") from None
 
 
 def _section_values(
@@ -503,6 +503,16 @@ def _section_values(
     return values, sources, blocks
 
 
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]*@", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&\s]*", re.IGNORECASE)
+
+
+def _shown(value: str) -> str:
+    """A value as an error message may show it: a password in a URL is not echoed to logs and terminals."""
+    value = _URL_PASSWORD.sub(lambda m: f"{m['head']}***@", value)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}***", value)
+
+
 def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
     values, sources, blocks = _section_values(lines)
     sections: dict[str, _Section] = {}
@@ -517,7 +527,7 @@ def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
                 (v for k, v in reversed(sources.items()) if k.startswith(f"{name}.")), None)
             key = src.key if src else field_name
             raise ConfigError(src.file if src else origin, src.line if src else None, key,
-                              f"bad value {src.value if src else ''!r}: {first['msg']}") from None
+                              f"bad value {_shown(src.value) if src else ''!r}: {first['msg']}") from None
     return Config(**sections, **{k: tuple(v) for k, v in blocks.items()}, sources=sources)
 
 

@@ -548,3 +548,7 @@ def test_a_missing_password_file_is_named(tmp_path):
 def test_state_url_checks(line, reason):
     with pytest.raises(ConfigError, match=reason):
         parse_config_text(line)
+    if "secret" in line and "StateURL" in line:
+        with pytest.raises(ConfigError) as refused:
+            parse_config_text(line)
+        assert "secret" not in str(refused.value) and "***" in str(refused.value)  # refused, not echoed
