@@ -84,6 +84,7 @@ class Daemon:
         self.instance = f"{socket.gethostname()}:{config.daemon.listen}"
         self.lease: Lease | None = None
         self._fence: int | None = None  # the lease token while this instance leads
+        self._store_down = False  # the last lease request met an unreachable database (logged once)
         self.started = time.time()
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
@@ -604,9 +605,16 @@ class Daemon:
         except Exception as err:  # noqa: BLE001 - any database failure: not provably the leader
             if was is not None:
                 log.warning("leader lease not renewed: standing by", instance=self.instance, error=str(err))
+            elif not self._store_down:
+                log.warning("state database unreachable: standing by until it answers", instance=self.instance,
+                            error=str(err))
+            self._store_down = True
             self._fence = None
             self.metrics.leader.set(0)
             return False
+        if self._store_down:
+            log.info("state database reachable again", instance=self.instance)
+            self._store_down = False
         # take_lease renews or takes it for this holder whenever it can, and
         # otherwise returns another's unexpired lease: the holder alone says.
         leading = lease.holder == self.instance
@@ -639,8 +647,9 @@ class Daemon:
         verify, close recovered ones; as a standby, follow the leader's records (``follow``)."""
         was_leading = self._fence is not None
         if not self._lead():
-            self.follow()
-            self._update_gauges()
+            if not self._store_down:  # an unreachable database was logged once by _lead
+                self.follow()
+                self._update_gauges()
             return
         if not was_leading:
             self.follow()  # the deposed leader's last records, before this one decides anything
