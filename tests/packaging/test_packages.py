@@ -241,6 +241,9 @@ def test_installed_commands_and_config(installed: None) -> None:
     assert "/etc/artemis/artemis.conf: OK" in check.stdout
     # The unit as systemd would load it (syntax, the ExecStart binary, the user).
     run("systemd-analyze", "verify", "/lib/systemd/system/artemisd.service")
+    # StateURL=postgresql://... works from the package alone: psycopg with its own libpq.
+    libpq = run("/opt/artemis/bin/python", "-c", "import psycopg; print(psycopg.pq.version())").stdout
+    assert int(libpq) >= 140000
     assert run("getent", "passwd", "artemis").stdout.split(":")[5] == "/var/lib/artemis"
     state = Path("/var/lib/artemis").stat()
     assert (state.st_mode & 0o777, state.st_uid) == (0o750, int(run("id", "-u", "artemis").stdout))
