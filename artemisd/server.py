@@ -391,8 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Artemis per-cluster daemon: ingests the probes' window reports, finds and confirms "
         "stragglers, acts through Slurm within the policy of artemis.conf, and verifies the result.",
         epilog="Signals: SIGHUP re-reads the config (a bad file keeps the running one; the error is logged "
-        "with file:line); SIGTERM/SIGINT stop cleanly.  Logs: JSON lines on stderr.  Reference: "
-        "artemis.conf(5) (docs/artemis.conf.5.md); the `artemis` command reads the daemon's state.",
+        "with file:line); SIGTERM/SIGINT stop cleanly (a leader gives its lease up).  High availability: "
+        "several artemisd with one StateURL (PostgreSQL) database, each with its own Listen; one leads "
+        "(takes reports, decides, acts), the others stand by, following its records, and one takes over "
+        "within LeaseTime; GET /v1/health and `artemis status` say which.  Logs: JSON lines on stderr.  "
+        "Reference: artemis.conf(5) (docs/artemis.conf.5.md, admin guide: High availability); the "
+        "`artemis` command reads the daemon's state.",
     )
     parser.add_argument("--config", "-c", default="/etc/artemis/artemis.conf", help="artemis.conf path")
     parser.add_argument("--version", action="version", version=f"artemisd {__version__}")
