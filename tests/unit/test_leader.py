@@ -11,6 +11,7 @@ wakes up to find itself deposed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -57,60 +58,71 @@ def test_only_the_holder_releases_and_only_while_it_holds():
     assert released(None, "a", now=1) is None
 
 
+@contextlib.asynccontextmanager
+async def leader_and_standby(pg, tmp_path, database: str):
+    """Two daemons on one fresh database and one emulated Slurm: ``a`` started first and leads."""
+    url = pg.create_database(database)
+    conf = (f"StateURL={url}\nStatePasswordFile={password_file(tmp_path)}\nLeaseTime=2\n"
+            "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
+    slurm, clock = cluster(), Clock()
+    try:
+        async with Harness(tmp_path / "a", conf + "Listen=127.0.0.1:7601\n", slurm, clock) as a, \
+                Harness(tmp_path / "b", conf + "Listen=127.0.0.1:7602\n", slurm, clock) as b:
+            yield a, b, slurm
+    finally:
+        pg.drop_database(database)
+
+
+async def takes_over(standby: Harness, limit_s: float = 10.0) -> float:
+    """The standby's turns until it leads (the leader takes no more turns): seconds it took."""
+    died = time.monotonic()
+    while standby.daemon.role != "leader":
+        assert time.monotonic() - died < limit_s, "the standby never took over"
+        await asyncio.sleep(0.2)
+        await standby.daemon.run_once()
+    return time.monotonic() - died
+
+
 def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path):  # noqa: F811
     async def scenario():
-        url = pg_server.create_database("failover")
-        secret = password_file(tmp_path)
-        conf = (f"StateURL={url}\nStatePasswordFile={secret}\nLeaseTime=2\n"
-                "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
-        slurm, clock = cluster(), Clock()
-        try:
-            async with Harness(tmp_path / "a", conf + "Listen=127.0.0.1:7601\n", slurm, clock) as a, \
-                    Harness(tmp_path / "b", conf + "Listen=127.0.0.1:7602\n", slurm, clock) as b:
-                assert (a.daemon.role, b.daemon.role) == ("leader", "standby")
-                health = await (await b.client.get("/v1/health")).json()
-                assert health["role"] == "standby"
-                assert (health["leader"]["instance"], health["leader"]["token"]) == (a.daemon.instance, 1)
-                status = await (await b.client.get("/v1/status")).json()
-                assert (status["role"], status["leader"]) == ("standby", a.daemon.instance)
-                refused = await b.client.post("/v1/reports", data=body(lockstep(0, HEALTHY, nodes=NODES)))
-                assert refused.status == 503 and (await refused.json())["leader"] == a.daemon.instance
+        async with leader_and_standby(pg_server, tmp_path, "failover") as (a, b, slurm):
+            assert (a.daemon.role, b.daemon.role) == ("leader", "standby")
+            health = await (await b.client.get("/v1/health")).json()
+            assert health["role"] == "standby"
+            assert (health["leader"]["instance"], health["leader"]["token"]) == (a.daemon.instance, 1)
+            status = await (await b.client.get("/v1/status")).json()
+            assert (status["role"], status["leader"]) == ("standby", a.daemon.instance)
+            refused = await b.client.post("/v1/reports", data=body(lockstep(0, HEALTHY, nodes=NODES)))
+            assert refused.status == 503 and (await refused.json())["leader"] == a.daemon.instance
 
-                await hot_gpu_confirmed(a, range(8, 12))
-                [inc] = await a.incidents()
-                assert inc["action"]["status"] == "pending_approval"
-                await b.daemon.run_once()  # a standby's turn decides and runs nothing
-                # A person approves through the standby: any instance takes CLI requests.
-                assert (await b.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")).status == 200
+            await hot_gpu_confirmed(a, range(8, 12))
+            [inc] = await a.incidents()
+            assert inc["action"]["status"] == "pending_approval"
+            await b.daemon.run_once()  # a standby's turn decides and runs nothing
+            # A person approves through the standby: any instance takes CLI requests.
+            assert (await b.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")).status == 200
 
-                # a dies here, the drain queued: it takes no more turns and its lease runs out.
-                died = time.monotonic()
-                while b.daemon.role != "leader":
-                    assert time.monotonic() - died < 10, "the standby never took over"
-                    await asyncio.sleep(0.2)
-                    await b.daemon.run_once()
-                takeover_s = time.monotonic() - died
-                assert takeover_s <= 2 + 1.0  # LeaseTime, plus the standby's turns
-                assert b.daemon.lease.token == 2
-                await b.daemon.run_once()
-                drains = [c for c in slurm.calls if c[0] == "drain"]
-                assert drains and slurm.nodes["n1"].drained and slurm.jobs["100"].excluded_nodes == ("n1",)
+            # a dies here, the drain queued: it takes no more turns and its lease runs out.
+            takeover_s = await takes_over(b)
+            assert takeover_s <= 2 + 1.0  # LeaseTime, plus the standby's turns
+            assert b.daemon.lease.token == 2
+            await b.daemon.run_once()
+            drains = [c for c in slurm.calls if c[0] == "drain"]
+            assert drains and slurm.nodes["n1"].drained and slurm.jobs["100"].excluded_nodes == ("n1",)
 
-                # a wakes up: its renewal finds b's lease, it stands by and runs nothing.
-                calls = len(slurm.calls)
-                await a.daemon.run_once()
-                assert a.daemon.role == "standby"
-                assert [c for c in slurm.calls[calls:] if c[0] not in ("node", "job", "partition_nodes")] == []
-                await b.daemon.run_once()
-                assert [c for c in slurm.calls if c[0] == "drain"] == drains  # drained once
-                tokens = {row.id: tok for row in b.daemon.store.actions_of(inc["id"])
-                          for (tok,) in b.daemon.store.db.execute(
-                              "SELECT token FROM actions WHERE id = %s", (row.id,)).fetchall()}
-                assert 2 in tokens.values()  # the drain was claimed under b's token
-                whats = [a["what"] for a in b.daemon.store.audit_log()]
-                assert whats.count("leader lease taken") == 2
-        finally:
-            pg_server.drop_database("failover")
+            # a wakes up: its renewal finds b's lease, it stands by and runs nothing.
+            calls = len(slurm.calls)
+            await a.daemon.run_once()
+            assert a.daemon.role == "standby"
+            assert [c for c in slurm.calls[calls:] if c[0] not in ("node", "job", "partition_nodes")] == []
+            await b.daemon.run_once()
+            assert [c for c in slurm.calls if c[0] == "drain"] == drains  # drained once
+            tokens = {row.id: tok for row in b.daemon.store.actions_of(inc["id"])
+                      for (tok,) in b.daemon.store.db.execute(
+                          "SELECT token FROM actions WHERE id = %s", (row.id,)).fetchall()}
+            assert 2 in tokens.values()  # the drain was claimed under b's token
+            whats = [a["what"] for a in b.daemon.store.audit_log()]
+            assert whats.count("leader lease taken") == 2
     run(scenario)
 
 
@@ -120,33 +132,20 @@ def test_a_warm_standby_resumes_a_confirmation_where_the_dead_leader_left_it(pg_
     of starting the job's history and the confirmation over (one slow window confirms,
     where a standby that had not followed would have nothing to compare it with)."""
     async def scenario():
-        url = pg_server.create_database("warm")
-        secret = password_file(tmp_path)
-        conf = (f"StateURL={url}\nStatePasswordFile={secret}\nLeaseTime=2\n"
-                "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
-        slurm, clock = cluster(), Clock()
-        try:
-            async with Harness(tmp_path / "a", conf + "Listen=127.0.0.1:7601\n", slurm, clock) as a, \
-                    Harness(tmp_path / "b", conf + "Listen=127.0.0.1:7602\n", slurm, clock) as b:
-                await a.windows(range(0, 8), HEALTHY)
-                await a.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
-                await a.windows(range(8, 9), SLOW_BUSY, gpu=HOT)
-                assert await a.incidents() == []  # flagged once: not confirmed yet
-                await b.daemon.run_once()  # a standby's turn: it follows what a stored
-                assert b.daemon.role == "standby"
-                assert b.daemon.analyzer.throughput("100", "0") == a.daemon.analyzer.throughput("100", "0")
+        async with leader_and_standby(pg_server, tmp_path, "warm") as (a, b, _):
+            await a.windows(range(0, 8), HEALTHY)
+            await a.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
+            await a.windows(range(8, 9), SLOW_BUSY, gpu=HOT)
+            assert await a.incidents() == []  # flagged once: not confirmed yet
+            await b.daemon.run_once()  # a standby's turn: it follows what a stored
+            assert b.daemon.role == "standby"
+            assert b.daemon.analyzer.throughput("100", "0") == a.daemon.analyzer.throughput("100", "0")
 
-                died = time.monotonic()  # a dies: no more turns
-                while b.daemon.role != "leader":
-                    assert time.monotonic() - died < 10, "the standby never took over"
-                    await asyncio.sleep(0.2)
-                    await b.daemon.run_once()
-                await b.windows(range(9, 10), SLOW_BUSY, gpu=HOT)  # the probes fail over to b
-                [confirmed] = await b.incidents()
-                assert (confirmed["cause"], confirmed["rank"]) == ("gpu.thermal", 2)
-                assert confirmed["onset_window"] == 8  # the window a saw, b never received
-        finally:
-            pg_server.drop_database("warm")
+            await takes_over(b)  # a dies: no more turns
+            await b.windows(range(9, 10), SLOW_BUSY, gpu=HOT)  # the probes fail over to b
+            [confirmed] = await b.incidents()
+            assert (confirmed["cause"], confirmed["rank"]) == ("gpu.thermal", 2)
+            assert confirmed["onset_window"] == 8  # the window a saw, b never received
     run(scenario)
 
 
