@@ -298,7 +298,7 @@ def open_store(settings: DaemonSettings) -> StateStore:
         from artemisd.store_pg import PostgresStore  # psycopg is an optional dependency (the postgres extra)
 
         password = read_password(settings.state_password_file) if settings.state_password_file else None
-        return PostgresStore(settings.state_url, password=password)
+        return PostgresStore(settings.state_url, password=password, lease_time=settings.lease_time)
     return Store(Path(settings.state_dir) / "artemis.db")
 
 

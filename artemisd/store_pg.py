@@ -126,17 +126,41 @@ _INCIDENT_ORDER = ("ORDER BY created, COALESCE(CASE WHEN position('-' in id) > 0
 _RECORD_COLS = 'seq, job, "window", node, received, uid, root, body'
 
 
+def network_bounds(lease_time: float) -> dict[str, Any]:
+    """libpq options that bound how long a call may wait on a server it cannot reach.
+
+    The daemon calls the store from its event loop: a call hanging on a
+    network cut (packets dropped, no reset ever comes) would freeze the
+    instance whole, /v1/health included, and a leader would keep believing it
+    leads.  So every wait is a fraction of LeaseTime: a connect gives up
+    after a third of it (libpq's floor is 2 s), and TCP_USER_TIMEOUT drops a
+    connection whose sent data stays unacknowledged that long.  Keepalives
+    cover the other hang, a request sent and acknowledged whose answer never
+    comes: an idle connection is probed after a third of LeaseTime and given
+    up when the probes go unanswered (TCP_USER_TIMEOUT bounds that too).
+    Unix-socket connections ignore the TCP options; they cannot be cut that way.
+    """
+    third = lease_time / 3
+    return {"connect_timeout": max(2, int(third)), "keepalives": 1, "keepalives_idle": max(1, int(third)),
+            "keepalives_interval": 1, "keepalives_count": 3, "tcp_user_timeout": max(500, int(third * 1000))}
+
+
 class PostgresStore:
     """``StateStore`` over one PostgreSQL connection (the daemon uses it from one thread)."""
 
-    def __init__(self, url: str, password: str | None = None, connect_timeout: float = 10.0):
+    def __init__(self, url: str, password: str | None = None, connect_timeout: float | None = None,
+                 lease_time: float = 15.0):
         self.url = url
-        extra: dict[str, Any] = {"application_name": "artemisd", "connect_timeout": max(1, int(connect_timeout))}
+        extra: dict[str, Any] = {"application_name": "artemisd", **network_bounds(lease_time)}
+        if connect_timeout is not None:
+            extra["connect_timeout"] = max(2, int(connect_timeout))
         if password is not None:
             extra["password"] = password
         # autocommit: a read is its own statement; writes open ``_tx`` explicitly,
         # so nothing is ever left in an idle open transaction holding locks.
         self._connect_args = extra
+        self._retry_interval = lease_time / 3
+        self._retry_at = 0.0
         self._closed = False
         self._db = psycopg.connect(url, autocommit=True, **extra)
         try:
@@ -151,10 +175,22 @@ class PostgresStore:
 
         The call that met the lost connection fails (a write may or may not
         have committed: it is never replayed here); the next call connects
-        again.  A server still down fails that call too, and the next tries again.
+        again.  A server still down fails that call too, and calls fail at once
+        until the next attempt, a third of LeaseTime later.
         """
         if self._db.broken and not self._closed:
-            self._db = psycopg.connect(self.url, autocommit=True, **self._connect_args)
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:
+                raise psycopg.OperationalError(f"state database unreachable (the last connection attempt "
+                                               f"failed); next attempt in {wait:.1f} s")
+            try:
+                self._db = psycopg.connect(self.url, autocommit=True, **self._connect_args)
+            except psycopg.OperationalError:
+                # Every request and turn of the daemon reaches the store; during a
+                # cut each would wait out a connect in the event loop.  One attempt
+                # per interval keeps the instance answering (and standing by) meanwhile.
+                self._retry_at = time.monotonic() + self._retry_interval
+                raise
         return self._db
 
     def close(self) -> None:
