@@ -65,9 +65,15 @@ class Mailbox:
 class ArtemisDaemon:
     """``with ArtemisDaemon(cluster, policy=…) as d: d.incidents()``."""
 
-    def __init__(self, cluster: SlurmCluster, conf: str = "", mailbox: Mailbox | None = None):
+    def __init__(self, cluster: SlurmCluster, conf: str = "", mailbox: Mailbox | None = None,
+                 name: str = "artemisd", port: int | None = None, env: dict[str, str] | None = None):
+        # name, port: a second instance (issue 12) beside the one the nodes report to;
+        # env: what it runs with instead of the cluster's (e.g. another PATH).
         self.cluster = cluster
-        self.dir = cluster.dir / "artemisd"
+        self.name = name
+        self.port = port if port is not None else cluster.artemis_port
+        self.env = env if env is not None else cluster.env
+        self.dir = cluster.dir / name
         self.conf_path = self.dir / "artemis.conf"
         self.extra_conf = conf
         self.mailbox = mailbox
@@ -75,10 +81,10 @@ class ArtemisDaemon:
 
     @property
     def url(self) -> str:
-        return self.cluster.artemis_endpoint
+        return f"http://{self.cluster.artemis_listen[0]}:{self.port}"
 
     def write_conf(self, extra: str | None = None) -> None:
-        host, port = self.cluster.artemis_listen
+        host, port = self.cluster.artemis_listen[0], self.port
         mail = (f"MailRelay=127.0.0.1:{self.mailbox.port}\nMailTo=hpc-admins@example.org\n"
                 if self.mailbox else "")
         self.conf_path.write_text(textwrap.dedent(f"""\
@@ -94,9 +100,9 @@ class ArtemisDaemon:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "state").mkdir(exist_ok=True)
         self.write_conf()
-        self.daemon = spawn("artemisd", [sys.executable, "-m", "artemisd.server", "-c",
-                                         str(self.conf_path)],
-                            self.dir / "artemisd.log", env=self.cluster.env)
+        self.daemon = spawn(self.name, [sys.executable, "-m", "artemisd.server", "-c",
+                                        str(self.conf_path)],
+                            self.dir / "artemisd.log", env=self.env)
         try:
             wait_until(self._healthy, "artemisd to answer /v1/health", timeout_s=60,
                        daemon=self.daemon)
