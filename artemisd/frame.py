@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -47,10 +48,6 @@ def _codes(values: Sequence[str | None]) -> tuple[np.ndarray, list[str | None]]:
             names.append(value)
         out[i] = code
     return out, names
-
-
-def _num(value: float | None) -> float:
-    return np.nan if value is None else float(value)
 
 
 @dataclass
@@ -96,50 +93,68 @@ class WindowFrame:
     def from_reports(cls, reports: Sequence[WindowReport]) -> WindowFrame:
         if not reports:
             raise ValueError("a window frame needs at least one report")
+        # One pass over the reports gathering tuples (attrgetter reads several
+        # fields in one C call), then one array per block: walking the records
+        # once per column cost more than the whole analysis of the window.
         first = reports[0]
         n = len(reports)
-        island, island_names = _codes([r.island_key for r in reports])
-        node, node_names = _codes([r.node for r in reports])
+        ranks, islands, nodes, samples, p50 = [], [], [], [], []
+        times, spans, gpus, hosts, envs = [], [], [], [], []
         throttle = np.full(n, THROTTLE_UNMEASURED, dtype=np.int64)
-        for i, r in enumerate(reports):
-            if r.gpu is not None and r.gpu.throttle is not None:
-                mask = 0
-                for reason in r.gpu.throttle:
-                    mask |= THROTTLE_BIT[reason]
-                throttle[i] = mask
-        telemetry = {}
-        for column, (block, attr) in TELEMETRY_COLUMNS.items():
-            telemetry[column] = np.array(
-                [_num(getattr(getattr(r, block), attr)) if getattr(r, block) is not None else np.nan
-                 for r in reports],
-                dtype=np.float64,
-            )
-        env = {
-            attr: _codes([getattr(r.env, attr) if r.env is not None else None for r in reports])
-            for attr in ("driver", "comm_lib", "torch", "config")
-        }
         per_group: dict[str, list[float]] = {}
-        for r in reports:
+        for i, r in enumerate(reports):
+            ranks.append(r.rank)
+            nodes.append(r.node)
+            islands.append(r.island or (f"{r.device.vendor}:{r.device.model}" if r.device is not None
+                                        else "default"))
+            samples.append(r.samples)
+            p50.append(_P50_NONE if r.ms_p50 is None else (r.ms_p50.get("busy"), r.ms_p50.get("step")))
+            times.append(_times(r.ms))
+            span = r.window
+            spans.append(_span(span))
+            gpu = r.gpu
+            if gpu is None:
+                gpus.append(_GPU_NONE)
+            else:
+                gpus.append(_gpu(gpu))
+                if gpu.throttle is not None:
+                    mask = 0
+                    for reason in gpu.throttle:
+                        mask |= THROTTLE_BIT[reason]
+                    throttle[i] = mask
+            hosts.append(_HOST_NONE if r.host is None else _host(r.host))
+            envs.append(_ENV_NONE if r.env is None else _env(r.env))
             for c in r.collectives or ():
-                per_group.setdefault(c.group, []).append(c.ms / r.window.steps)
+                per_group.setdefault(c.group, []).append(c.ms / span.steps)
+        # None -> NaN: the wire contract's "not measured".
+        busy, step, comm_wait, compute, data = _columns(times, np.float64)
+        t0, t1 = _columns([s[:2] for s in spans], np.float64)
+        steps, first_step = _columns([s[2:] for s in spans], np.int64)
+        telemetry = dict(zip(_GPU_COLUMNS, _columns(gpus, np.float64)))
+        telemetry |= dict(zip(_HOST_COLUMNS, _columns(hosts, np.float64)))
+        telemetry = {column: telemetry[column] for column in TELEMETRY_COLUMNS}
+        island, island_names = _codes(islands)
+        node, node_names = _codes(nodes)
+        env = {attr: _codes([e[k] for e in envs]) for k, attr in enumerate(_ENV_FIELDS)}
+        busy_p50, step_p50 = _columns(p50, np.float64)
         collectives = {group: float(np.median(v)) for group, v in per_group.items()}
         return cls(
             job=first.job,
             job_step=first.step,
             seq=first.window.seq,
             world=first.world,
-            rank=np.array([r.rank for r in reports], dtype=np.int64),
-            busy=np.array([r.ms.busy for r in reports], dtype=np.float64),
-            step=np.array([r.ms.step for r in reports], dtype=np.float64),
-            comm_wait=np.array([_num(r.ms.comm_wait) for r in reports], dtype=np.float64),
-            compute=np.array([_num(r.ms.compute) for r in reports], dtype=np.float64),
-            data=np.array([_num(r.ms.data) for r in reports], dtype=np.float64),
-            samples=np.array([_num(r.samples) for r in reports], dtype=np.float64),
-            busy_p50=np.array([_num((r.ms_p50 or {}).get("busy")) for r in reports], dtype=np.float64),
-            step_p50=np.array([_num((r.ms_p50 or {}).get("step")) for r in reports], dtype=np.float64),
-            seconds=np.array([r.window.seconds for r in reports], dtype=np.float64),
-            steps=np.array([r.window.steps for r in reports], dtype=np.int64),
-            first_step=np.array([r.window.first_step for r in reports], dtype=np.int64),
+            rank=np.array(ranks, dtype=np.int64),
+            busy=busy,
+            step=step,
+            comm_wait=comm_wait,
+            compute=compute,
+            data=data,
+            samples=np.array(samples, dtype=np.float64),
+            busy_p50=busy_p50,
+            step_p50=step_p50,
+            seconds=t1 - t0,
+            steps=steps,
+            first_step=first_step,
             island=island,
             island_names=island_names,
             node=node,
@@ -149,3 +164,23 @@ class WindowFrame:
             env=env,
             collectives=collectives,
         )
+
+
+_GPU_COLUMNS = tuple(column for column, (block, _) in TELEMETRY_COLUMNS.items() if block == "gpu")
+_HOST_COLUMNS = tuple(column for column, (block, _) in TELEMETRY_COLUMNS.items() if block == "host")
+_ENV_FIELDS = ("driver", "comm_lib", "torch", "config")
+_gpu = attrgetter(*(TELEMETRY_COLUMNS[c][1] for c in _GPU_COLUMNS))
+_host = attrgetter(*(TELEMETRY_COLUMNS[c][1] for c in _HOST_COLUMNS))
+_env = attrgetter(*_ENV_FIELDS)
+_times = attrgetter("busy", "step", "comm_wait", "compute", "data")
+_span = attrgetter("t0", "t1", "steps", "first_step")
+_GPU_NONE = (None,) * len(_GPU_COLUMNS)
+_HOST_NONE = (None,) * len(_HOST_COLUMNS)
+_ENV_NONE = (None,) * len(_ENV_FIELDS)
+_P50_NONE = (None, None)
+
+
+def _columns(rows: list[tuple], dtype: type) -> np.ndarray:
+    """Rows of equal-length tuples -> one contiguous array per position (None is NaN for floats)."""
+    width = len(rows[0])
+    return np.array(rows, dtype=dtype).reshape(len(rows), width).T.copy()

@@ -311,7 +311,8 @@ class Analyzer:
                 if r.probe is not None:
                     probes.setdefault(r.probe.id, {})[r.rank] = r.probe
                 if r.env is not None:
-                    state.env.update({k: v for k, v in r.env.model_dump().items() if v is not None})
+                    # vars(): the model's own fields (all plain strings), without a serializer pass per rank
+                    state.env.update({k: v for k, v in vars(r.env).items() if v is not None})
             reports.sort(key=lambda r: r.rank)
             updates.extend(self._analyze(state, WindowFrame.from_reports(reports), probes))
         return updates

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/ingest.py --http           # also through HTTP to a real artemisd
     .venv/bin/python benchmarks/ingest.py --ranks 1024 --windows 20
     .venv/bin/python benchmarks/ingest.py --baseline REV   # this tree vs git REV, side by side
+    .venv/bin/python benchmarks/ingest.py --single-window 100000 --baseline REV --rounds 2
 
 Records come from the simulator (``artemisd.sim``): one job, a healthy
 lockstep phase, then one GPU with stuck clocks, so the last windows confirm an
@@ -43,6 +44,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -60,6 +62,7 @@ from artemisd.auth import TRUSTED_LOCAL  # noqa: E402
 from artemisd.config import parse_config_text  # noqa: E402
 from artemisd.pipeline import Analyzer  # noqa: E402
 from artemisd.server import configure_logging, tune_gc  # noqa: E402
+from artemisd import ingest  # noqa: E402
 from artemisd.ingest import decode_body  # noqa: E402
 from artemisd.service import Daemon  # noqa: E402
 from artemisd.sim.fleet import simulate_records, single_job  # noqa: E402
@@ -81,16 +84,37 @@ def trace(ranks: int, windows: int) -> list[list[dict[str, Any]]]:
     return [by_window[s] for s in sorted(by_window)]
 
 
-def new_daemon(state: Path) -> Daemon:
+def new_daemon(state: Path, max_world: int = 65_536) -> Daemon:
     # No Slurm here: its calls fail fast and decisions wait, which is not what is timed.
-    config = parse_config_text(f"StateDir={state}\nAuthType=none\n")
+    config = parse_config_text(f"StateDir={state}\nAuthType=none\nMaxWorld={max_world}\n")
     return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
+
+
+def read(body: bytes, daemon: Daemon, texts: list[str] | None = None) -> tuple[list, list]:
+    """Body -> (records, rejected) as ``POST /v1/reports`` reads it in the tree under test.
+
+    A tree without the fast path (``--baseline`` of an older revision) reads
+    every body item by item, as its server did.  ``texts`` receives the items'
+    own JSON texts where the fast path took the body (and stays empty otherwise).
+    """
+    fast = getattr(ingest, "fast_records", None)
+    records = fast(body, daemon.config.daemon.max_world, texts) if fast is not None else None
+    if records is not None:
+        return records, []
+    return daemon.validate(decode_body(body))
+
+
+def accept(daemon: Daemon, records: list, rejected: list, texts: list[str]) -> Any:
+    """``Daemon.accept``, handing it the items' texts where this tree's daemon stores them as they came."""
+    if texts and "texts" in inspect.signature(daemon.accept).parameters:
+        return daemon.accept(records, TRUSTED_LOCAL, {}, rejected, texts)
+    return daemon.accept(records, TRUSTED_LOCAL, {}, rejected)
 
 
 def time_parse(bodies: list[bytes], daemon: Daemon) -> float:
     start = time.process_time()
     for body in bodies:
-        daemon.validate(decode_body(body))
+        read(body, daemon)
     return time.process_time() - start
 
 
@@ -101,8 +125,9 @@ def time_ingest(bodies: list[bytes], windows_of_body: list[int], confirm_at: int
     start = time.process_time()
     for body, window in zip(bodies, windows_of_body):
         t0 = time.perf_counter()
-        records, rejected = daemon.validate(decode_body(body))
-        daemon.accept(records, TRUSTED_LOCAL, {}, rejected)
+        texts: list[str] = []
+        records, rejected = read(body, daemon, texts)
+        accept(daemon, records, rejected, texts)
         if latency is None and confirm_at is not None and window >= confirm_at and daemon.store.db.execute(
                 "SELECT 1 FROM incidents WHERE state = 'confirmed' LIMIT 1").fetchone():
             latency = time.perf_counter() - t0
@@ -149,6 +174,54 @@ def in_process(windows: list[list[dict[str, Any]]], repeats: int) -> dict[str, A
             analyzer.ingest(rec)
         out["analyzer"].append(reports / (time.process_time() - start))
     return {k: statistics.median(v) if v else None for k, v in out.items()} | {"confirm_window": confirm_at}
+
+
+def single_window(window: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """CPU seconds for one whole window posted as one body (``--single-window N``).
+
+    * **read**: body -> validated records (what ``POST /v1/reports`` does before Slurm's checks);
+    * **read_store**: read + the rows ``Daemon.accept`` stores (one SQLite
+      transaction; each item's own text where the fast path kept it, as
+      ``accept(..., texts)`` stores it, else the record encoded again), without
+      the analysis;
+    * **accept**: read + ``Daemon.accept`` (store, analyzer, directives);
+    * **analyzer**: ``Analyzer.ingest`` alone over the window's records.
+    """
+    body = json.dumps(window).encode()
+    ranks = len(window)
+    out: dict[str, list[float]] = {"read": [], "read_store": [], "accept": [], "analyzer": []}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            daemon = new_daemon(Path(tmp) / "a", max_world=ranks)
+            start = time.process_time()
+            records, rejected = read(body, daemon)
+            out["read"].append(time.process_time() - start)
+            assert not rejected and len(records) == ranks, rejected[:3]
+            start = time.process_time()
+            texts: list[str] = []
+            records, _ = read(body, daemon, texts)
+            now = daemon.clock()
+            # As Daemon.accept stores them: each item's own text where the fast path
+            # kept it (ingest-service.diff), else the record encoded again.
+            daemon.store.add_records([(rec.job, rec.window.seq, rec.node, now, 0, True,
+                                       texts[i] if texts else rec.model_dump_json(exclude_none=True))
+                                      for i, rec in records])
+            out["read_store"].append(time.process_time() - start)
+            daemon.store.close()
+            daemon = new_daemon(Path(tmp) / "b", max_world=ranks)
+            start = time.process_time()
+            texts = []
+            records, rejected = read(body, daemon, texts)
+            result = accept(daemon, records, rejected, texts)
+            out["accept"].append(time.process_time() - start)
+            assert result.accepted == ranks, result.rejected[:3]
+            daemon.store.close()
+            analyzer = Analyzer(parse_config_text(f"MaxWorld={ranks}\n").analysis)
+            start = time.process_time()
+            for _, rec in records:
+                analyzer.ingest(rec)
+            out["analyzer"].append(time.process_time() - start)
+    return {k: statistics.median(v) for k, v in out.items()} | {"ranks": ranks}
 
 
 def free_port() -> int:
@@ -204,7 +277,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def compare(windows: list[list[dict[str, Any]]], baseline: str, rounds: int, cpu: int) -> int:
+def compare(windows: list[list[dict[str, Any]]], baseline: str, rounds: int, cpu: int, single: bool = False) -> int:
     """This tree vs ``baseline`` (a git revision), alternating worker processes; prints both and the ratio."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,9 +294,19 @@ def compare(windows: list[list[dict[str, Any]]], baseline: str, rounds: int, cpu
             for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
                 env = dict(os.environ, PYTHONPATH=str(trees[name]))
                 out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(trace_file),
-                                      "--repeats", "1", "--cpu", str(cpu)], env=env, cwd=tmp, check=True,
+                                      "--repeats", "1", "--cpu", str(cpu), *(["--single-window", "1"] if single else [])],
+                                     env=env, cwd=tmp, check=True,
                                      capture_output=True, text=True).stdout
                 runs[name].append(json.loads(out.splitlines()[-1]))
+    if single:
+        ranks = len(windows[0])
+        print(f"{'one ' + str(ranks) + '-rank window':24} {baseline + ' CPU-s':>14} {'this CPU-s':>12} "
+              f"{'speed-up':>9} {'this reports/CPU-s':>19}")
+        for key in ("read", "read_store", "accept", "analyzer"):
+            before = statistics.median(run[key] for run in runs[baseline])
+            after = statistics.median(run[key] for run in runs["this"])
+            print(f"{key:24} {before:14.3f} {after:12.3f} {before / after:9.2f} {ranks / after:19.0f}")
+        return 0
     print(f"{'measure (reports/s)':24} {baseline:>12} {'this':>12} {'this/' + baseline[:8]:>14}")
     for key in ("parse", "ingest_window_batches", "ingest_rank_posts", "analyzer"):
         before = statistics.median(run[key] for run in runs[baseline])
@@ -241,13 +324,26 @@ def main() -> int:
     parser.add_argument("--http", action="store_true", help="also measure through a real artemisd over HTTP")
     parser.add_argument("--baseline", metavar="REV", help="compare with the artemisd of git revision REV")
     parser.add_argument("--rounds", type=int, default=6, help="worker rounds per tree with --baseline")
+    parser.add_argument("--single-window", type=int, metavar="N",
+                        help="CPU seconds for one N-rank window in one body (read, store, accept, analyzer)")
     parser.add_argument("--worker", metavar="TRACE", help=argparse.SUPPRESS)  # one --baseline measurement
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.cpu})
     configure_logging(logging.WARNING)  # as the service logs: JSON, and only what matters here
     if args.worker:
         tune_gc()
-        print(json.dumps(in_process(json.loads(Path(args.worker).read_text()), args.repeats)))
+        windows = json.loads(Path(args.worker).read_text())
+        result = single_window(windows[0], args.repeats) if args.single_window else in_process(windows, args.repeats)
+        print(json.dumps(result))
+        return 0
+    if args.single_window:
+        # The first window of a two-window trace: healthy, every rank of the job in one body.
+        windows = trace(args.single_window, 2)[:1]
+        if args.baseline:
+            return compare(windows, args.baseline, args.rounds, args.cpu, single=True)
+        tune_gc()
+        for key, value in single_window(windows[0], args.repeats).items():
+            print(f"{key:24} {value:12.3f} CPU-s" if isinstance(value, float) else f"{key:24} {value!s:>12}")
         return 0
     windows = trace(args.ranks, args.windows)
     if args.baseline:
