@@ -38,16 +38,10 @@ TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def _codes(values: Sequence[str | None]) -> tuple[np.ndarray, list[str | None]]:
-    names: list[str | None] = []
+    """Each value's code, numbered in order of first appearance, and the names the codes index."""
     index: dict[str | None, int] = {}
-    out = np.empty(len(values), dtype=np.int32)
-    for i, value in enumerate(values):
-        code = index.get(value)
-        if code is None:
-            code = index[value] = len(names)
-            names.append(value)
-        out[i] = code
-    return out, names
+    codes = [index.setdefault(value, len(index)) for value in values]
+    return np.array(codes, dtype=np.int32), list(index)
 
 
 @dataclass

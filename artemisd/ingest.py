@@ -384,20 +384,45 @@ class _WindowReport(_Fast, kw_only=True):
 _FAST_BATCH = msgspec.json.Decoder(Annotated[list[_WindowReport], Meta(max_length=MAX_ITEMS_PER_REQUEST)])
 _set = object.__setattr__
 _asdict = msgspec.structs.asdict
+_astuple = msgspec.structs.astuple
 
 
 def _model(cls: type, values: dict[str, Any]) -> Any:
-    """A wire model holding ``values`` (already checked against every bound of ``cls``), validators not run again."""
+    """A wire model holding ``values`` (every field, each already checked against every bound of
+    ``cls``), built as pydantic builds a validated one, without running its validators again."""
     obj = cls.__new__(cls)
     _set(obj, "__dict__", values)
-    _set(obj, "__pydantic_fields_set__", set(values))
+    _set(obj, "__pydantic_fields_set__", _FIELDS[cls].copy())
     _set(obj, "__pydantic_extra__", None)
     _set(obj, "__pydantic_private__", None)
     return obj
 
 
+_FIELDS = {cls: set(cls.model_fields) for cls in (Device, WindowSpan, StepTimes, Collective, GpuTelemetry,
+                                                   HostTelemetry, EnvFingerprint, P2PTiming, ProbeResult,
+                                                   WindowReport)}
+
+
 def _optional(cls: type, struct: Any) -> Any:
     return None if struct is None else _model(cls, _asdict(struct))
+
+
+_ENVS: dict[tuple, EnvFingerprint] = {}
+_ENVS_KEPT = 4096  # distinct fingerprints remembered; the senders choose them
+
+
+def _env(struct: _Env | None) -> EnvFingerprint | None:
+    """One EnvFingerprint per distinct fingerprint: every rank of a job sends the same one, and the
+    models are frozen values, so they share it instead of building one per report."""
+    if struct is None:
+        return None
+    key = _astuple(struct)
+    env = _ENVS.get(key)
+    if env is None:
+        if len(_ENVS) >= _ENVS_KEPT:
+            _ENVS.clear()
+        env = _ENVS[key] = _model(EnvFingerprint, _asdict(struct))
+    return env
 
 
 def _window_report(raw: _WindowReport, max_world: int) -> WindowReport | None:
@@ -426,7 +451,7 @@ def _window_report(raw: _WindowReport, max_world: int) -> WindowReport | None:
         values["collectives"] = tuple(_model(Collective, _asdict(c)) for c in raw.collectives)
     values["gpu"] = _optional(GpuTelemetry, raw.gpu)
     values["host"] = _optional(HostTelemetry, raw.host)
-    values["env"] = _optional(EnvFingerprint, raw.env)
+    values["env"] = _env(raw.env)
     if raw.probe is not None:
         probe = _asdict(raw.probe)
         probe["p2p"] = tuple(_model(P2PTiming, _asdict(p)) for p in raw.probe.p2p)
