@@ -378,9 +378,11 @@ async def serve(config_path: str | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     log.info("artemisd listening", listen=config.daemon.listen, state_dir=config.daemon.state_dir,
              auth=config.daemon.auth_type, dry_run=config.daemon.dry_run, enabled=config.daemon.enabled)
+    keeper = asyncio.create_task(daemon.keep_lease(stop))
     try:
         await run_loop(daemon, stop)
     finally:
+        keeper.cancel()
         listener.close()
         await runner.cleanup()
         daemon.step_down()

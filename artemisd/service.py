@@ -85,6 +85,7 @@ class Daemon:
         self.lease: Lease | None = None
         self._fence: int | None = None  # the lease token while this instance leads
         self._store_down = False  # the last lease request met an unreachable database (logged once)
+        self._caught_up: int | None = None  # the token under which this instance last followed the records
         self.started = time.time()
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
@@ -642,17 +643,38 @@ class Daemon:
                 log.warning("leader lease not released", error=str(err))
             self._fence = None
 
+    async def keep_lease(self, stop: asyncio.Event) -> None:
+        """While leading, renew the lease every LeaseTime/3 between turns too.
+
+        A turn waits for its Slurm calls (threads, each up to SlurmTimeout,
+        which may be longer than LeaseTime): renewed only once per turn, the
+        lease of a leader waiting on a slow scontrol would run out and a
+        standby would start the same action again.  This task only renews
+        while leading; taking the lease over is the turn's, which first
+        follows the records another leader stored.
+        """
+        interval = max(0.2, self.config.daemon.lease_time / 3)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            if self._fence is not None and not stop.is_set():
+                self._lead()
+
     async def run_once(self) -> None:
         """One turn: as the leader, decide what confirmed incidents get, run due actions,
         verify, close recovered ones; as a standby, follow the leader's records (``follow``)."""
-        was_leading = self._fence is not None
         if not self._lead():
             if not self._store_down:  # an unreachable database was logged once by _lead
                 self.follow()
                 self._update_gauges()
             return
-        if not was_leading:
-            self.follow()  # the deposed leader's last records, before this one decides anything
+        if self._fence != self._caught_up:
+            # A new token: another instance may have led and stored records since
+            # this one last followed; they go into the analysis before anything is decided.
+            self.follow()
+            self._caught_up = self._fence
         try:
             await self._lead_once()
         except Fenced as err:

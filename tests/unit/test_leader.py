@@ -59,10 +59,10 @@ def test_only_the_holder_releases_and_only_while_it_holds():
 
 
 @contextlib.asynccontextmanager
-async def leader_and_standby(pg, tmp_path, database: str):
+async def leader_and_standby(pg, tmp_path, database: str, lease_time: int = 2):
     """Two daemons on one fresh database and one emulated Slurm: ``a`` started first and leads."""
     url = pg.create_database(database)
-    conf = (f"StateURL={url}\nStatePasswordFile={password_file(tmp_path)}\nLeaseTime=2\n"
+    conf = (f"StateURL={url}\nStatePasswordFile={password_file(tmp_path)}\nLeaseTime={lease_time}\n"
             "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n")
     slurm, clock = cluster(), Clock()
     try:
@@ -123,6 +123,39 @@ def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path)
             assert 2 in tokens.values()  # the drain was claimed under b's token
             whats = [a["what"] for a in b.daemon.store.audit_log()]
             assert whats.count("leader lease taken") == 2
+    run(scenario)
+
+
+def test_a_leader_waiting_on_a_slow_scontrol_keeps_its_lease(pg_server, tmp_path):  # noqa: F811
+    """A Slurm call may outlast LeaseTime (SlurmTimeout is 30 s): the lease is renewed while
+    the turn waits for it, so the standby does not take over and drain the node a second time."""
+    async def scenario():
+        # LeaseTime=4: renewed every 1.3 s, so a loop held up by others' load on this machine is not a takeover.
+        async with leader_and_standby(pg_server, tmp_path, "slow_slurm", lease_time=4) as (a, b, slurm):
+            await hot_gpu_confirmed(a, range(8, 12))
+            [inc] = await a.incidents()
+            assert (await a.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")).status == 200
+            lease_time = a.daemon.config.daemon.lease_time
+            fast_drain = slurm.drain
+
+            def slow_drain(node, reason):
+                time.sleep(2.5 * lease_time)  # slurmctld busy: scontrol outlasts the lease
+                fast_drain(node, reason)
+
+            slurm.drain = slow_drain
+            stop = asyncio.Event()
+            keeper = asyncio.create_task(a.daemon.keep_lease(stop))
+            turn = asyncio.create_task(a.daemon.run_once())
+            while not turn.done():
+                await asyncio.sleep(0.2)
+                await b.daemon.run_once()
+                assert b.daemon.role == "standby", "the standby took over from a leader waiting on Slurm"
+            await turn
+            stop.set()
+            await keeper
+            await b.daemon.run_once()
+            assert len([c for c in slurm.calls if c[0] == "drain"]) == 1 and slurm.nodes["n1"].drained
+            assert (a.daemon.role, a.daemon.lease.token) == ("leader", 1)
     run(scenario)
 
 
