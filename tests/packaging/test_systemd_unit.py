@@ -179,12 +179,25 @@ def health(box: Container, port: int = 7600, timeout_s: float = 60) -> dict:
 
 
 def journal_since(box: Container, cursor: str) -> str:
-    return box.sh("journalctl", "-u", UNIT, "--no-pager", "-o", "cat", f"--after-cursor={cursor}").stdout
+    after = [f"--after-cursor={cursor}"] if cursor else []  # no cursor: the unit had not logged yet
+    return box.sh("journalctl", "-u", UNIT, "--no-pager", "-o", "cat", *after).stdout
 
 
 def journal_cursor(box: Container) -> str:
-    out = box.sh("journalctl", "-u", UNIT, "-n", "0", "--show-cursor", "--no-pager").stdout
+    # Exit 1 and "-- No entries --" when the unit has not logged yet.
+    out = box.sh("journalctl", "-u", UNIT, "-n", "0", "--show-cursor", "--no-pager", check=False).stdout
     return out.rsplit("-- cursor: ", 1)[-1].strip() if "-- cursor: " in out else ""
+
+
+def running(box: Container) -> dict[str, str]:
+    """The daemon up (started here if an earlier test did not leave it running): its unit's properties."""
+    box.sh("systemctl", "start", UNIT)
+    state = wait_unit(box, {"ActiveState": "active", "SubState": "running"})
+    # Type=simple: "active" as soon as the process exists, before artemisd handles SIGHUP.  A reload
+    # that early kills it (SIGHUP's default action, which systemd counts as a clean exit: no restart),
+    # so it is running only once it answers.
+    health(box)
+    return state
 
 
 def uid_of(box: Container, user: str) -> int:
@@ -228,7 +241,7 @@ def test_start_serves_as_artemis_with_the_units_limits(container: Container) -> 
 
 def test_reload_rereads_the_config_in_the_same_process(container: Container) -> None:
     box = container
-    before = wait_unit(box, {"ActiveState": "active", "SubState": "running"})
+    before = running(box)
     cursor = journal_cursor(box)
     box.sh("systemctl", "reload", UNIT)
     after = wait_unit(box, {"ActiveState": "active", "SubState": "running"})
@@ -242,7 +255,7 @@ def test_reload_rereads_the_config_in_the_same_process(container: Container) -> 
 
 def test_killed_daemon_is_restarted_by_systemd(container: Container) -> None:
     box = container
-    before = wait_unit(box, {"ActiveState": "active", "SubState": "running"})
+    before = running(box)
     box.sh("kill", "-9", before["MainPID"])
     # RestartSec=5s, then the daemon's start-up: generous on a loaded machine.
     restarts = str(int(before["NRestarts"]) + 1)
@@ -253,7 +266,7 @@ def test_killed_daemon_is_restarted_by_systemd(container: Container) -> None:
 
 def test_stop_ends_the_daemon_cleanly(container: Container) -> None:
     box = container
-    pid = wait_unit(box, {"ActiveState": "active", "SubState": "running"})["MainPID"]
+    pid = running(box)["MainPID"]
     box.sh("systemctl", "stop", UNIT, timeout_s=120)
     state = wait_unit(box, {"ActiveState": "inactive"})
     # SIGTERM is a clean stop for artemisd (exit 0), not a failure systemd would restart.
