@@ -156,8 +156,10 @@ async def post_reports(request: web.Request) -> web.Response:
     async with signed_body(request) as (principal, body):
         # The common body (a clean array of window reports) in one fast pass; any
         # other body item by item, naming each bad item's field and reason.
-        records, rejected = fast_records(body, daemon.config.daemon.max_world), []
+        texts: list[str] = []
+        records, rejected = fast_records(body, daemon.config.daemon.max_world, texts), []
         if records is None:
+            texts = None
             try:
                 items = decode_body(body)
             except IngestError as err:
@@ -165,7 +167,7 @@ async def post_reports(request: web.Request) -> web.Response:
             records, rejected = daemon.validate(items)
         jobs = await daemon.check_jobs(principal, records)
         try:
-            result = daemon.accept(records, principal, jobs, rejected)
+            result = daemon.accept(records, principal, jobs, rejected, texts)
         except StoreUnavailable as err:
             log.warning("reports refused for a retry", error=str(err))
             return web.json_response({"error": str(err)}, status=503, headers={"Retry-After": str(STORE_RETRY_S)})

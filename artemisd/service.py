@@ -289,8 +289,12 @@ class Daemon:
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                jobs: dict[str, JobInfo | None | SlurmError] | None = None,
-               rejected: list[dict[str, Any]] | None = None) -> IngestResult:
+               rejected: list[dict[str, Any]] | None = None, texts: list[str] | None = None) -> IngestResult:
         """Store and analyze validated records.
+
+        ``texts`` (from ``ingest.fast_records``): item i's own JSON text, stored
+        as is for a record kept as it came (no encoding pass per record); a
+        record re-keyed to a new run is encoded again.
 
         Each record is stored, then analysed, under a last-resort guard: an
         unforeseen failure refuses that record alone (its reason in the reply,
@@ -312,9 +316,10 @@ class Daemon:
                 result.rejected.append({"index": index, "error": problem})
                 continue
             try:
+                sent = rec
                 if type(rec) is WindowReport:
                     rec = self._run_of(rec)
-                body = rec.model_dump_json(exclude_none=True)
+                body = texts[index] if texts is not None and rec is sent else rec.model_dump_json(exclude_none=True)
             except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
                 result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
                 continue
