@@ -30,7 +30,9 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -351,6 +353,27 @@ def reload_config(daemon: Daemon, path: str | None, auth: MungeAuth | NoAuth | N
     return True
 
 
+def notify_ready(environ: dict[str, str] | None = None) -> bool:
+    """Tell systemd (Type=notify) that the daemon serves and handles SIGHUP: True if told.
+
+    With Type=simple systemd calls the unit active at exec, and a ``systemctl
+    reload`` before the SIGHUP handler exists kills the daemon (a clean exit to
+    systemd: not restarted).  The protocol is one datagram on $NOTIFY_SOCKET
+    (sd_notify(3)); an abstract socket is written with a leading "@".
+    """
+    path = (environ if environ is not None else os.environ).get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.sendto(b"READY=1", address)
+    except OSError as err:
+        log.warning("could not tell systemd the daemon is ready", notify_socket=path, error=str(err))
+        return False
+    return True
+
+
 async def serve(config_path: str | None) -> int:
     config = load_config(config_path)
     daemon = Daemon(config, make_backend(config.daemon.slurm_backend, config.daemon.slurm_timeout))
@@ -380,6 +403,7 @@ async def serve(config_path: str | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     log.info("artemisd listening", listen=config.daemon.listen, state_dir=config.daemon.state_dir,
              auth=config.daemon.auth_type, dry_run=config.daemon.dry_run, enabled=config.daemon.enabled)
+    notify_ready()
     keeper = asyncio.create_task(daemon.keep_lease(stop))
     try:
         await run_loop(daemon, stop)

@@ -615,3 +615,18 @@ def test_a_fixed_gpu_on_a_loaded_machine_is_recovered_and_nobody_is_told(tmp_pat
             assert kinds == ["correct"], kinds
             assert smtp[0].messages == []
     run(scenario)
+
+
+def test_systemd_is_told_ready_on_its_notify_socket(tmp_path):
+    import socket
+
+    from artemisd.server import notify_ready
+
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(5)
+        assert notify_ready({"NOTIFY_SOCKET": str(path)})
+        assert listener.recv(64) == b"READY=1"
+    assert not notify_ready({})  # not under systemd: nothing to tell
+    assert not notify_ready({"NOTIFY_SOCKET": str(tmp_path / "gone")})  # logged, never fatal
