@@ -27,7 +27,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import structlog
@@ -56,6 +56,8 @@ VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolv
 ALLOCATION_RECHECK_S = 5.0
 RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
 RESTART_GAP = 4  # a window this far below the highest seen starts a new run
+REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
+REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
 log = structlog.get_logger("artemisd")
 
@@ -163,10 +165,11 @@ class Daemon:
         bad: list[tuple[int, str]] = []
         context = self._context()
         try:
-            for rec in records:
+            for rec, record in self._decoded(records, context):
                 self._fed_seq = max(self._fed_seq, rec.seq)
                 try:
-                    record = parse_record(json.loads(rec.body), context=context)
+                    if record is None:
+                        record = parse_record(json.loads(rec.body), context=context)
                     if type(record) is WindowReport:
                         self._seed_run(record)
                     self._remember(record)
@@ -186,6 +189,39 @@ class Daemon:
             self.metrics.quarantined.inc(len(bad))
             log.warning("stored records skipped and quarantined", count=len(bad), first=bad[0][1][:300])
         return fed, len(bad), len(self._bound) - bound_before
+
+    def _decoded(self, records: Iterable[StoredRecord], context: dict[str, Any]
+                 ) -> Iterator[tuple[StoredRecord, WindowReport | None]]:
+        """Stored records with their window reports decoded in pages through the ingest fast path.
+
+        A page the fast path does not take whole (a node event, a record out of
+        today's bounds) is tried again in small pieces; what is left comes with
+        None and goes the careful way, one record at a time, so a bad record is
+        still named and quarantined alone.
+        """
+        page: list[StoredRecord] = []
+        for rec in records:
+            page.append(rec)
+            if len(page) == REPLAY_PAGE:
+                yield from self._decode_page(page, context["max_world"])
+                page = []
+        yield from self._decode_page(page, context["max_world"])
+
+    @staticmethod
+    def _decode_page(page: list[StoredRecord], max_world: int, piece: int = REPLAY_PAGE
+                     ) -> Iterator[tuple[StoredRecord, WindowReport | None]]:
+        for start in range(0, len(page), piece):
+            part = page[start:start + piece]
+            try:
+                fast = ingest.fast_records(("[" + ",".join(r.body for r in part) + "]").encode(), max_world)
+            except Exception:  # noqa: BLE001 - e.g. a body that is not valid UTF-8: the careful way names it
+                fast = None
+            if fast is not None and len(fast) == len(part):
+                yield from zip(part, (record for _, record in fast))
+            elif piece > REPLAY_PIECE:
+                yield from Daemon._decode_page(part, max_world, REPLAY_PIECE)
+            else:
+                yield from ((rec, None) for rec in part)
 
     def _context(self) -> dict[str, Any]:
         return {"max_world": self.config.daemon.max_world}
