@@ -263,3 +263,21 @@ def test_the_items_own_text_parses_back_to_the_record_the_fast_path_made():
     assert len(texts) == len(records) == len(window)
     for text, (_, rec) in zip(texts, records):
         assert parse_record(json.loads(text)) == rec
+
+
+def test_the_fast_schema_names_exactly_the_wire_models_fields():
+    """A field added to the wire contract but not to the fast Structs would send every body that
+    carries it the slow way (and one only in the Structs would be stored unvalidated by the models)."""
+    import msgspec
+
+    from artemisd import ingest, wire
+
+    pairs = {"_WindowReport": wire.WindowReport, "_Device": wire.Device, "_WindowSpan": wire.WindowSpan,
+             "_StepTimes": wire.StepTimes, "_Collective": wire.Collective, "_Gpu": wire.GpuTelemetry,
+             "_Host": wire.HostTelemetry, "_Env": wire.EnvFingerprint, "_P2P": wire.P2PTiming,
+             "_Probe": wire.ProbeResult}
+    fast = {name for name, value in vars(ingest).items()
+            if isinstance(value, type) and issubclass(value, msgspec.Struct) and name != "_Fast"}
+    assert fast == set(pairs)
+    for name, model in pairs.items():
+        assert set(getattr(ingest, name).__struct_fields__) == set(model.model_fields), name
