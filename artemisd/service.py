@@ -36,7 +36,7 @@ from artemisd import __version__, decide, ingest, mail, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.incident import Action, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Action, Evidence, Incident, IncidentKind, IncidentState, Result
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
@@ -70,6 +70,22 @@ def _rounded(value: float | None) -> float | None:
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
     return (inc.kind.value, inc.cause.value, inc.node, inc.link)
 
+
+
+def _loss_as_the_result_shows(inc: Incident) -> None:
+    """Once the slowed throughput is frozen in the result, the incident's measured loss is the one
+    of those two numbers, and the loss evidence line says so: one incident never shows two losses.
+
+    The analysis measured the loss from the onset to the confirming window; the
+    result's slowed throughput spans the onset to the action, a few windows more.
+    """
+    result = inc.result
+    if result is None or result.throughput_before is None or not result.throughput_healthy:
+        return
+    inc.measured_loss_pct = verify.measured_loss(result.throughput_healthy, result.throughput_before)
+    line = verify.loss_evidence(inc.loss_pct, result.throughput_healthy, result.throughput_before)
+    evidence = [e for e in inc.evidence if e.signal != "samples_per_s"]
+    inc.evidence = evidence + ([Evidence(**line)] if line else [])
 
 
 class Daemon:
@@ -558,6 +574,7 @@ class Daemon:
             inc.advance(update.state)
         if inc.action is None or (inc.action.status == "proposed" and stored.plan_step == 0):
             inc.action = update.action
+        _loss_as_the_result_shows(inc)  # the analysis' own figure spans only the windows up to confirmation
         if inc.state is S.CONFIRMED and stored.state == S.SUSPECT.value:
             stored.decide = True
             stored.baseline = verify.baseline(self.analyzer.throughput(inc.job, stored.step or "0"),
@@ -1121,6 +1138,8 @@ class Daemon:
         series = self.analyzer.throughput(inc.job, stored.step or "0")
         slowed = verify.during(series, inc.onset_window, stored.action_window)
         inc.result = Result(throughput_healthy=_rounded(stored.baseline), throughput_before=_rounded(slowed))
+        _loss_as_the_result_shows(inc)
+
 
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
         """The newest window the job had begun before the action was done: verification starts after it.

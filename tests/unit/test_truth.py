@@ -539,3 +539,31 @@ def test_a_first_probe_taken_before_the_fault_is_outvoted_by_the_next_two(tmp_pa
             assert (inc["kind"], inc["cause"], inc["link"]) == ("link", "comm.link", "n2"), inc
             assert h.slurm.nodes["n2"].drained and not h.slurm.nodes["n1"].drained
     run(scenario)
+
+
+def test_one_incident_shows_one_measured_loss_the_one_its_result_shows(tmp_path):
+    """The analysis measures the loss from the onset to the confirming window; the result's slowed
+    throughput spans the onset to the action.  When the job slows further while an approval waits,
+    the incident's measured_loss_pct (and its samples/s evidence) follow the result's two numbers."""
+    from tests.unit.test_server import HOT, SLOW_BUSY
+
+    async def scenario():
+        conf = "PartitionPolicy=gpu Auto=escalate Approve=drain,requeue MaxDrainFraction=0.5\n"
+        async with Harness(tmp_path, conf, cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 10))
+            [inc] = await h.incidents()
+            confirmed_loss = inc["measured_loss_pct"]
+            slower = [80.0 if busy > 50.0 else busy for busy in SLOW_BUSY]
+            await h.windows(range(10, 14), slower, gpu=HOT)  # a person takes a while to approve
+            assert (await h.client.post(f"/v1/incidents/{inc['id']}/approve", data=b"")).status == 200
+            for _ in range(3):  # queued, drained, requeued
+                await h.daemon.run_once()
+            [inc] = await h.incidents()
+            result = inc["result"]
+            assert result["throughput_before"] is not None, inc
+            shown = measured_loss(result["throughput_healthy"], result["throughput_before"])
+            assert inc["measured_loss_pct"] == shown and shown > confirmed_loss + 1.0, (shown, confirmed_loss)
+            line = [e for e in inc["evidence"] if e["signal"] == "samples_per_s"]
+            assert line == ([] if abs(inc["loss_pct"] - shown) <= LOSS_TOLERANCE_PCT else line[:1]) and \
+                all(e["value"] == round(result["throughput_before"], 1) for e in line)
+    run(scenario)
