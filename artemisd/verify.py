@@ -246,12 +246,14 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
     Judged on the median of the first ``need`` windows after the action::
 
         recovered  <=>  after >= fraction x expected
-        expected   =    before x healthy_pace / pace after
+        expected   =    before x healthy_pace / pace after    (never above before)
 
     The pace factor is the load correction: on a shared machine the job's
     fast ranks, which the subject's fault never slowed, ran ``pace after /
     healthy_pace`` times slower (or faster) than in the healthy windows, and
-    a healthy job would have lost (or gained) that much throughput too.
+    a healthy job would have lost that much throughput too.  A machine that ran
+    faster does not raise the bar above ``before``: the correction excuses
+    load, it never asks a recovered job for more than its healthy throughput.
     Without both paces (``healthy_pace`` None: a job-wide subject, whose fault
     may be exactly what slows every rank) ``expected`` is ``before``.
 
@@ -283,10 +285,19 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
             what, healthy = "busy time plus collectives", healthy_pace + healthy_collectives
             paces = [w.pace + w.collectives for w in shapes]
         factor = float(np.median(paces)) / healthy
-        expected = before / factor
-        load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
-                f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms): at that pace a healthy job "
-                f"makes {expected:.1f}, and {measured:.1f} is {100.0 * measured / expected:.0f} % of it")
+        if factor >= 1.0:
+            expected = before / factor
+            load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
+                    f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms): at that pace a healthy job "
+                    f"makes {expected:.1f}, and {measured:.1f} is {100.0 * measured / expected:.0f} % of it")
+        else:
+            # The machine ran faster than in the healthy windows (a load gone, a requeue onto
+            # quieter nodes).  The correction only excuses: demanding more than the healthy
+            # throughput would call a job running above it unrecovered and undo a right action,
+            # and a fault still present shows again as a straggler against its own peers.
+            load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
+                    f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms), faster: judged against "
+                    f"the healthy throughput as it was")
     recovered = measured >= fraction * expected
     return Verification(True, recovered, before, measured,
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "

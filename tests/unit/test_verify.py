@@ -95,6 +95,20 @@ def test_recovery_is_judged_at_the_machines_pace_then():
     assert verify(9574.0, after, 4, 0.85).recovered is False
 
 
+def test_a_machine_that_ran_faster_does_not_raise_the_bar_above_healthy():
+    # CI's demo: n3 overheats, is drained and the job requeued onto quieter nodes; the
+    # new run's fast ranks ran faster than in the healthy windows (6.0 vs 8.0 ms), and
+    # the job made 8126 samples/s against 7168 healthy.  Asking 85 % of 7168 / 0.75 would
+    # have called it unrecovered and escalated a job running above its healthy throughput.
+    after = [shape(s, t, pace=6.0) for s, t in enumerate([8126.0, 7990.0, 8300.0, 8150.0])]
+    v = verify(7168.0, after, 4, 0.85, healthy_pace=8.0)
+    assert v.recovered is True and v.expected == 7168.0, v.note
+    assert "faster" in v.note and "114 %" in v.note, v.note
+    # Still judged: below 85 % of healthy, a faster machine does not excuse it.
+    slow = [shape(s, 5800.0, pace=6.0) for s in range(4)]
+    assert verify(7168.0, slow, 4, 0.85, healthy_pace=8.0).recovered is False
+
+
 def test_a_subject_still_slow_is_not_excused_by_the_load_correction():
     # The fast ranks run at the healthy pace: the job's lost throughput is the subject's.
     after = [shape(s, 1200.0, pace=7.5) for s in range(4)]
