@@ -352,6 +352,12 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
     samples = frame.samples[np.isfinite(frame.samples)]
     seconds = med(frame.seconds)
     throughput = float(samples.sum() / seconds) if samples.size and seconds > 0 else float("nan")
+    if frame.rank.size < frame.world:
+        # Some ranks' reports missed the window (analysed without them: late, dropped, or
+        # still held by a probe after an outage).  Their samples are not in the sum, so it
+        # is no measure of the job's throughput: a baseline or a verification that counted
+        # it would see a slowdown that never happened.
+        throughput = float("nan")
     return JobSummary(
         seq=frame.seq,
         step=med(frame.step),

@@ -28,6 +28,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -55,11 +56,38 @@ VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolv
 # a requeued job has new nodes, but a wrong claim must not cost a Slurm call each.
 ALLOCATION_RECHECK_S = 5.0
 RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
-RESTART_GAP = 4  # a window this far below the highest seen starts a new run
+RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
 log = structlog.get_logger("artemisd")
+
+
+@dataclass
+class JobRun:
+    """Which run of a job step a window report belongs to.  Pure.
+
+    A requeued job numbers its windows from 0 again.  What tells its new run
+    from reports that are merely late is each rank's own order: one rank's
+    probe sends its windows in order, so a rank going back more than
+    ``RESTART_GAP`` windows below its own newest has started again.  The job's
+    highest window is not enough: after an outage (the daemon, or its database,
+    unreachable) every probe sends its backlog, one rank's seconds before
+    another's, and the second rank's windows are far below the first's newest.
+    """
+
+    number: int = 0
+    newest: dict[int, int] = field(default_factory=dict)  # rank -> its newest window in this run
+
+    def place(self, rank: int, seq: int) -> bool:
+        """Take a report of ``rank`` for window ``seq``; True when it starts a new run."""
+        own = self.newest.get(rank)
+        if own is not None and own - seq > RESTART_GAP:
+            self.number += 1
+            self.newest = {rank: seq}
+            return True
+        self.newest[rank] = seq if own is None else max(own, seq)
+        return False
 
 
 def _rounded(value: float | None) -> float | None:
@@ -113,7 +141,7 @@ class Daemon:
         self._steps: dict[str, str] = {}
         self._world: dict[str, int] = {}  # job -> its ranks (GPUs): what a requeue restarts
         self._window_count: dict[str, int] = {}
-        self._runs: dict[tuple[str, str], tuple[int, int]] = {}  # (job, step) -> (run, highest window)
+        self._runs: dict[tuple[str, str], JobRun] = {}  # (job, step) -> its latest run
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
@@ -254,11 +282,14 @@ class Daemon:
         return f"internal error while {stage} this item ({what})"
 
     def _seed_run(self, rec: WindowReport) -> None:
+        """A stored report (its step key names its run) brings the job step's run up to date."""
         base, _, run = rec.step.partition(RUN_SEP)
-        current = (int(run) if run.isdigit() else 0, rec.window.seq)
+        number = int(run) if run.isdigit() else 0
         known = self._runs.get((rec.job, base))
-        if known is None or current[0] > known[0] or (current[0] == known[0] and current[1] > known[1]):
-            self._set_run(rec.job, base, current)
+        if known is None or number > known.number:
+            known = self._set_run(rec.job, base, JobRun(number))
+        if number == known.number:
+            known.newest[rec.rank] = max(known.newest.get(rec.rank, rec.window.seq), rec.window.seq)
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
         bound = set(self._bound.values())
@@ -455,29 +486,27 @@ class Daemon:
         """Tell a restarted job (requeued: windows numbered from 0 again) from late reports.
 
         The analyzer keys a job step's windows by number, so a second run would
-        look like reports of long-closed windows and be dropped.  A window number
-        more than ``RESTART_GAP`` below the highest seen starts a new *run*,
-        analysed under the step key ``STEP~RUN`` (and stored so, so a restart of
-        the daemon replays it the same way).  Incidents verifying on the old run
-        continue on the new one: its windows all come after the action.
+        look like reports of long-closed windows and be dropped.  A rank's window
+        more than ``RESTART_GAP`` below that rank's own newest starts a new *run*
+        (``JobRun``), analysed under the step key ``STEP~RUN`` (and stored so, so
+        a restart of the daemon replays it the same way).  Incidents verifying on
+        the old run continue on the new one: its windows all come after the action.
         """
         base = rec.step.split(RUN_SEP, 1)[0]
-        run, top = self._runs.get((rec.job, base), (0, -1))
-        seq = rec.window.seq
-        if top - seq > RESTART_GAP:
-            old_key = base if run == 0 else f"{base}{RUN_SEP}{run}"
-            run, top = run + 1, seq
-            self._restarted(rec.job, old_key, f"{base}{RUN_SEP}{run}")
-        self._set_run(rec.job, base, (run, max(top, seq)))
-        return rec if run == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run}"})
+        run = self._runs.get((rec.job, base)) or self._set_run(rec.job, base, JobRun())
+        old_key = base if run.number == 0 else f"{base}{RUN_SEP}{run.number}"
+        if run.place(rec.rank, rec.window.seq):
+            self._restarted(rec.job, old_key, f"{base}{RUN_SEP}{run.number}")
+        return rec if run.number == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run.number}"})
 
-    def _set_run(self, job: str, base: str, value: tuple[int, int]) -> None:
+    def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
         if (job, base) not in self._runs:
             # Step names are the sender's: as many as the analyzer keeps per job, the oldest goes.
             steps = [key for key in self._runs if key[0] == job]
             if len(steps) >= MAX_STEPS_PER_JOB:
                 del self._runs[steps[0]]
-        self._runs[(job, base)] = value
+        self._runs[(job, base)] = run
+        return run
 
     def _restarted(self, job: str, old_key: str, new_key: str) -> None:
         """A job under an action started again (requeued): its incidents keep the run they were
@@ -492,7 +521,7 @@ class Daemon:
     def _run_key(self, job: str, step: str) -> str:
         """The key of the job step's latest run (``step`` itself unless it was restarted since)."""
         base = step.split(RUN_SEP, 1)[0]
-        run = self._runs.get((job, base), (0, -1))[0]
+        run = self._runs[(job, base)].number if (job, base) in self._runs else 0
         return base if run == 0 else f"{base}{RUN_SEP}{run}"
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
@@ -526,6 +555,8 @@ class Daemon:
         for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
             if all(i.state in FINAL for i in self.store.incidents(job=job)):
                 self.store.forget_job(job)
+                for key in [key for key in self._runs if key[0] == job]:
+                    del self._runs[key]
 
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept

@@ -118,6 +118,9 @@ def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None,
     window the pace.
     """
     before = [w for w in shapes if onset_window is None or w.seq < onset_window]
+    # A window whose throughput was not measured (a rank's report missed it) does not
+    # set the shape either: its global batch counts only the ranks that reported.
+    before = [w for w in before if np.isfinite(w.throughput)] or before
     if not before:
         return None
     last = before[-1]

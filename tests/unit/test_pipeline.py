@@ -231,6 +231,34 @@ def test_late_reports_do_not_hold_analysis_back():
     assert state.late_reports == 1
 
 
+def test_a_probes_backlog_after_an_outage_is_not_read_as_lost_throughput():
+    # The daemon was unreachable for 20 windows (a PostgreSQL restart, a failover): each
+    # rank's probe kept its reports and sends them when it is answered again, one rank's
+    # backlog seconds before the other's.  The windows analysed before the second rank's
+    # reports came in hold one rank's samples: they are no measure of the job's throughput.
+    import math
+
+    from artemisd import verify
+
+    rng = random.Random(1)
+    windows = [lockstep(seq, noisy(rng, n=2, spread=0.02)) for seq in range(40)]
+    analyzer = Analyzer()
+    for seq in range(12):
+        run(analyzer, [windows[seq]])
+    for rank in range(2):
+        for seq in range(12, 32):
+            analyzer.ingest(windows[seq][rank])
+    run(analyzer, windows[32:])
+    series = analyzer.throughput("100")
+    healthy = verify.baseline(series, 12)
+    measured = [t for _, t in series if math.isfinite(t)]
+    assert len(measured) >= 20 and min(measured) > 0.9 * healthy, (healthy, measured)
+    assert verify.baseline(series, None) == pytest.approx(healthy, rel=0.05)
+    shape = verify.healthy_shape(analyzer.window_shapes("100"), None)
+    assert shape.samples_per_step == 64 and math.isfinite(shape.throughput)
+    assert not analyzer.incidents
+
+
 def test_updates_are_copies_and_follow_the_life_cycle():
     def fault(seq, busy):
         busy[2] *= 1.3
