@@ -33,8 +33,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -408,18 +408,34 @@ class SlurmCluster:
         self.conf.write_text("\n".join(lines) + "\n")
         plugstack = [f"include {etc}/plugstack.conf.d/*.conf"]
         (etc / "plugstack.conf.d").mkdir(exist_ok=True)
-        if self.plugin is not None:
-            (etc / "plugstack.conf.d" / "artemis.conf").write_text(
-                f"optional {self.plugin} endpoint={self.artemis_endpoint} default=off "
-                f"window_steps={self.window_steps} autoload={REPO / 'torch_hook' / 'autoload'}\n"
-            )
         (etc / "plugstack.conf").write_text("\n".join(plugstack) + "\n")
+        self._point_nodes_at(self.artemis_endpoint)
+
+    def _point_nodes_at(self, endpoint: str, window_steps: int | None = None) -> None:
+        """Where jobs' probes (the SPANK plugin's ``endpoint=``) and the prolog, epilog and node
+        check (node.conf ``Endpoint``) send: read at each job step and each run, no restart."""
+        if self.plugin is not None:
+            (self.dir / "etc" / "plugstack.conf.d" / "artemis.conf").write_text(
+                f"optional {self.plugin} endpoint={endpoint} default=off "
+                f"window_steps={window_steps or self.window_steps} "
+                f"autoload={REPO / 'torch_hook' / 'autoload'}\n"
+            )
         self.node_conf.write_text(textwrap.dedent(f"""\
             # Node-side Artemis settings of this test cluster (prolog_epilog/node.conf.example).
-            Endpoint={self.artemis_endpoint}
+            Endpoint={endpoint}
             MungeSocket={self.munge_socket}
             TimeoutSeconds=5
             """))
+
+    @contextmanager
+    def endpoints(self, urls: Sequence[str], window_steps: int | None = None) -> Iterator[None]:
+        """Nodes and new jobs report to every daemon of ``urls`` (``a,b``: issue 12's failover list),
+        new jobs' probes in windows of ``window_steps`` steps (None: the cluster's)."""
+        self._point_nodes_at(",".join(urls), window_steps)
+        try:
+            yield
+        finally:
+            self._point_nodes_at(self.artemis_endpoint)
 
     def _start_slurmdbd(self) -> None:
         env = self.env | {"SLURM_CONF": str(self.conf)}

@@ -2,9 +2,10 @@
 at the two risky moments of an incident, and cut off from the database without dying.
 
 The job is a ``sleep`` the test feeds window reports for, as test_daemon_restart.py
-does: what is under test is who acts on Slurm and when, which needs a real
-allocation, requeue and drain, not a real training run (whose warm-up alone would
-cost minutes per test).  The fault's root-side evidence is the cluster's own node
+does: what is under test is who acts on Slurm and when, at a moment the test
+chooses to the window, which needs a real allocation, requeue and drain.  A real
+training job's probes through a PostgreSQL restart and a leader's death:
+test_ha_training.py.  The fault's root-side evidence is the cluster's own node
 check (the emulated GPU runs hot), stored in the shared database.
 
 1. Killed between decision and action: the leader's ``scontrol`` is a wrapper that
@@ -30,121 +31,35 @@ Test 1 kills the leader the moment its drain reaches ``scontrol``, well inside i
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from datetime import datetime
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.unit.pg import PASSWORD, PgServer
+from tests.unit.pg import PASSWORD
 from tests.unit.test_store_contract import pg_server  # noqa: F401 - the fixture
 
 from . import faults
 from .artemis import ArtemisDaemon
+from .ha import LEASE_TIME_S, TAKEOVER_BOUND_S, Pair, actions_of, health, logged_at, wait_role
 from .netlab import NetLab, namespaces_available
 from .procs import run, spawn, wait_until
-from .slurm import SlurmCluster, free_port
-from .test_daemon_restart import POLICY, send, windows
+from .slurm import SlurmCluster
+from .test_daemon_restart import send, windows
 
 pytestmark = pytest.mark.cluster
 
-LEASE_TIME_S = 10  # long enough for a turn's Slurm reads before the held drain
-TAKEOVER_BOUND_S = 30  # the issue's requirement
 RELAY_PORT = 5432
-
-
-def _health(daemon: ArtemisDaemon, timeout_s: float = 15) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"{daemon.url}/v1/health", timeout=timeout_s) as reply:
-            return json.loads(reply.read())
-    except OSError:
-        return None
-
-
-def _wait_role(daemon: ArtemisDaemon, role: str, since: float, timeout_s: float = TAKEOVER_BOUND_S) -> float:
-    """Seconds from ``since`` (monotonic) until ``daemon`` says it is ``role``."""
-    wait_until(lambda: (_health(daemon) or {}).get("role") == role, f"{daemon.name} to be {role}",
-               timeout_s=timeout_s, interval_s=0.1, daemon=daemon.daemon)
-    return time.monotonic() - since
-
-
-def _logged_at(daemon: ArtemisDaemon, event: str) -> list[float]:
-    """When ``daemon`` logged ``event`` (its JSON lines' UTC timestamps, as epoch seconds)."""
-    times = []
-    for line in (daemon.dir / "artemisd.log").read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("event") == event:
-            times.append(datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp())
-    return times
-
-
-def _actions(db: Any, incident: str) -> list[tuple[str, str, int | None]]:
-    return [tuple(r) for r in db.db.execute(
-        "SELECT kind, status, token FROM actions WHERE incident = %s ORDER BY id", (incident,)).fetchall()]
 
 
 def _restarts(cluster: SlurmCluster, job: str) -> int:
     return int(cluster.job(job).get("Restarts", "0"))
-
-
-class Pair:
-    """Two artemisd on one database: ``a`` where the nodes report (it starts first and leads), ``b`` stands by."""
-
-    def __init__(self, cluster: SlurmCluster, pg: PgServer, tmp: Path, name: str,
-                 a_url: str | None = None, a_env: dict[str, str] | None = None):
-        self.cluster, self.pg, self.dbname = cluster, pg, name
-        self.url = pg.create_database(name)
-        secret = tmp / "state-password"
-        secret.write_text(PASSWORD + "\n")
-        secret.chmod(0o600)  # readable by the daemons' user (root here) only
-        conf = f"StatePasswordFile={secret}\nLeaseTime={LEASE_TIME_S}\n{POLICY}"
-        self.a = ArtemisDaemon(cluster, f"StateURL={a_url or self.url}\n{conf}", name=f"{name}-a", env=a_env)
-        self.b = ArtemisDaemon(cluster, f"StateURL={self.url}\n{conf}", name=f"{name}-b", port=free_port())
-        self.db: Any = None
-
-    @contextmanager
-    def running(self) -> Iterator[Pair]:
-        from artemisd.store_pg import PostgresStore
-
-        with ExitStack() as stack:
-            stack.callback(self.pg.drop_database, self.dbname)
-            stack.enter_context(self.a)
-            _wait_role(self.a, "leader", time.monotonic(), timeout_s=60)
-            stack.enter_context(self.b)
-            _wait_role(self.b, "standby", time.monotonic(), timeout_s=60)
-            self.db = PostgresStore(self.url, password=PASSWORD)  # the test's own look at the state
-            stack.callback(self.db.close)
-            yield self
-
-    def kill_a(self) -> float:
-        """SIGKILL the leader (no lease given up); monotonic time of death."""
-        assert self.a.daemon is not None
-        self.a.daemon.proc.send_signal(signal.SIGKILL)
-        self.a.daemon.proc.wait(timeout=10)
-        died = time.monotonic()
-        self.a.daemon = None
-        return died
-
-    def wait_evidence(self, node: str) -> None:
-        """Until the node check's own report of the hot GPU on ``node`` is in the shared database."""
-        def hot() -> bool:
-            seen = self.db.node_evidence(node)
-            gpus = (seen[1].get("gpus") or []) if seen else []
-            return bool(gpus) and all(g.get("uuid") for g in gpus) and any(
-                "hw_thermal" in (g.get("throttle") or []) for g in gpus)
-        wait_until(hot, f"the node check on {node} to report the hot GPU", timeout_s=30, interval_s=0.25)
 
 
 @contextmanager
@@ -211,10 +126,10 @@ def test_leader_killed_between_decision_and_drain(clean_cluster: SlurmCluster, p
         assert pair.db.lease("leader").token == 1  # killed while it still led
         [before] = pair.b.incidents(job=job)
         # Decided and claimed in the database under the leader's token; Slurm not asked.
-        assert [(k, t) for k, _, t in _actions(pair.db, before["id"]) if k == "drain"] == [("drain", 1)]
+        assert [(k, t) for k, _, t in actions_of(pair.db, before["id"]) if k == "drain"] == [("drain", 1)]
         assert nodes[1] not in clean_cluster.drain_reasons()
 
-        takeover_s = _wait_role(pair.b, "leader", died)
+        takeover_s = wait_role(pair.b, "leader", died)
         print(f"\ntakeover after SIGKILL between decision and drain: {takeover_s:.1f} s (LeaseTime={LEASE_TIME_S})")
         assert takeover_s < TAKEOVER_BOUND_S
 
@@ -225,7 +140,7 @@ def test_leader_killed_between_decision_and_drain(clean_cluster: SlurmCluster, p
         [after] = pair.b.incidents(job=job)
         assert (after["id"], after["cause"]) == (before["id"], before["cause"])
         assert before["id"] in clean_cluster.drain_reasons()[nodes[1]]
-        actions = _actions(pair.db, after["id"])
+        actions = actions_of(pair.db, after["id"])
         assert [(t, s) for k, s, t in actions if k == "drain"] == [(2, "done")], actions  # the new leader's token
         assert len([a for a in actions if a[0] == "requeue"]) == 1, actions
         assert _restarts(clean_cluster, job) == 1
@@ -242,7 +157,7 @@ def test_leader_killed_after_the_action_the_new_leader_verifies(clean_cluster: S
         reason = clean_cluster.drain_reasons()[nodes[1]]
 
         died = pair.kill_a()
-        takeover_s = _wait_role(pair.b, "leader", died)
+        takeover_s = wait_role(pair.b, "leader", died)
         print(f"\ntakeover after SIGKILL while verifying: {takeover_s:.1f} s (LeaseTime={LEASE_TIME_S})")
         assert takeover_s < TAKEOVER_BOUND_S
 
@@ -259,7 +174,7 @@ def test_leader_killed_after_the_action_the_new_leader_verifies(clean_cluster: S
         assert after["state"] == "resolved" and after["result"]["recovered"] is True, after
         verdicts = [e for e in pair.db.audit_log(after["id"]) if e["what"] in ("resolved", "unresolved")]
         assert len(verdicts) == 1 and verdicts[0]["time"] > time.time() - (time.monotonic() - died)
-        actions = _actions(pair.db, after["id"])
+        actions = actions_of(pair.db, after["id"])
         assert [(k, t) for k, _, t in actions if k in ("drain", "requeue")] == [("drain", 1), ("requeue", 1)], actions
         assert clean_cluster.drain_reasons()[nodes[1]] == reason and _restarts(clean_cluster, job) == 1
 
@@ -295,16 +210,16 @@ def test_leader_cut_off_from_the_database_stands_down_and_is_fenced(
 
             run(["ip", "link", "set", hop.host_veth, "down"])  # the cut: packets dropped, nothing reset
             cut = time.monotonic()
-            stood_down_s = _wait_role(pair.a, "standby", cut)
-            answered = _health(pair.a)
+            stood_down_s = wait_role(pair.a, "standby", cut)
+            answered = health(pair.a)
             assert answered is not None and answered["role"] == "standby"  # alive, answering, not leading
-            takeover_s = _wait_role(pair.b, "leader", cut)
+            takeover_s = wait_role(pair.b, "leader", cut)
             print(f"\ncut leader stood down after {stood_down_s:.1f} s; takeover after {takeover_s:.1f} s "
                   f"(LeaseTime={LEASE_TIME_S})")
             assert takeover_s < TAKEOVER_BOUND_S
             # Never two leaders: the cut one gave up before the other took the lease (both logs, one host clock).
-            [leading] = _logged_at(pair.b, "leading")
-            gave_up = _logged_at(pair.a, "leader lease not renewed: standing by")
+            [leading] = logged_at(pair.b, "leading")
+            gave_up = logged_at(pair.a, "leader lease not renewed: standing by")
             assert gave_up and gave_up[0] < leading, (gave_up, leading)
 
             # The probes fail over to the new leader; the nodes' checks still point at the cut one,
@@ -318,11 +233,11 @@ def test_leader_cut_off_from_the_database_stands_down_and_is_fenced(
 
             run(["ip", "link", "set", hop.host_veth, "up"])  # the link is back
             back = time.monotonic()
-            wait_until(lambda: ((_health(pair.a) or {}).get("leader") or {}).get("instance")
-                       == (_health(pair.b) or {}).get("instance"),
+            wait_until(lambda: ((health(pair.a) or {}).get("leader") or {}).get("instance")
+                       == (health(pair.b) or {}).get("instance"),
                        "the cut instance to see the new leader", timeout_s=60, daemon=pair.a.daemon)
             print(f"the cut instance saw the new leader {time.monotonic() - back:.1f} s after the link came back")
-            assert _health(pair.a)["role"] == "standby" and _health(pair.b)["role"] == "leader"
+            assert health(pair.a)["role"] == "standby" and health(pair.b)["role"] == "leader"
             # Its old token, over its own path: refused in the database, not just by the daemon's manners.
             stale = PostgresStore(via_relay, password=PASSWORD, lease_time=LEASE_TIME_S)
             try:
@@ -330,7 +245,7 @@ def test_leader_cut_off_from_the_database_stands_down_and_is_fenced(
                     stale.add_action(inc["id"], "drain", nodes[1], {}, "queued", time.time(), fence=1)
             finally:
                 stale.close()
-            actions = _actions(pair.db, inc["id"])
+            actions = actions_of(pair.db, inc["id"])
             assert [(k, t) for k, _, t in actions if k in ("drain", "requeue")] == [("drain", 2), ("requeue", 2)], \
                 actions
             assert clean_cluster.drain_reasons()[nodes[1]] == reason and _restarts(clean_cluster, job) == 1

@@ -22,6 +22,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PASSWORD = "artemis-test-password"
@@ -112,6 +114,15 @@ class PgServer:
         """Fast shutdown (every client's connection is cut), then the same server on the same data again."""
         self._halt()
         self._launch()
+
+    @contextmanager
+    def down(self) -> Iterator[None]:
+        """The server stopped (fast shutdown) for the ``with`` block, then started again on the same data."""
+        self._halt()
+        try:
+            yield
+        finally:
+            self._launch()
 
     def _halt(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
