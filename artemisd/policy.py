@@ -218,9 +218,14 @@ def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None,
         if cause is Cause.GPU_THERMAL and reasons & THERMAL_REASONS:
             return f"gpu {idx} thermal throttle {sorted(reasons & THERMAL_REASONS)}{load}", None
         if cause is Cause.GPU_POWER:
-            if reasons & POWER_REASONS:
-                return f"gpu {idx} power throttle {sorted(reasons & POWER_REASONS)}{load}", None
-            if limit is not None and default and limit < POWER_LIMIT_DROP * default:
+            lowered = limit is not None and bool(default) and limit < POWER_LIMIT_DROP * default
+            # sw_power_cap at the default limit is a healthy GPU at full load reaching its
+            # design power (5 % of readings on healthy H100s, a third of an 8-GPU node's): it
+            # corroborates only a lowered limit, or where the default is not reported.
+            shown = reasons & POWER_REASONS if lowered or not default else reasons & {"hw_power_brake"}
+            if shown:
+                return f"gpu {idx} power throttle {sorted(shown)}{load}", None
+            if lowered:
                 return f"gpu {idx} power limit {limit} W below default {default} W", None
         if cause is Cause.GPU_CLOCKS:
             if reasons & CLOCK_REASONS:

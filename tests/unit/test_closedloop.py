@@ -110,11 +110,28 @@ def test_a_healthy_node_is_never_drained_while_its_node_check_shows_nothing():
     assert r.drains == 0
 
 
-def test_the_benign_power_cap_is_what_drains_healthy_nodes():
-    """Healthy GPUs reporting sw_power_cap at their default limit corroborate a gpu.power drain of a node
-    that has nothing wrong: the decoy is the one way a healthy node is drained (docs: the fleet run)."""
+def test_the_benign_power_cap_does_not_corroborate_a_drain():
+    """Healthy GPUs report sw_power_cap at their default limit (full load reaches design power).  It was
+    the one way the fleet run drained healthy nodes: a gpu.power drain of a node that had nothing wrong,
+    corroborated by the decoy on any of its 8 GPUs.  Now it corroborates only a lowered limit."""
     sim, r = _misnamed_host_faults(decoy=1.0)
-    assert r.healthy_drains > 0 and r.healthy_drains == r.drains
+    refused = [n for n in sim.loop.notes() if n.what.startswith("drain") and "needs root-side corroboration" in n.why]
+    assert refused  # not vacuous: misnamed contention reached the drain rung with the decoy everywhere
+    assert r.healthy_drains == 0 and r.drains == 0
+
+
+def test_a_power_cap_under_a_lowered_limit_corroborates_and_one_at_the_default_does_not():
+    from artemisd.incident import Cause
+    from artemisd.policy import _root_agrees
+
+    def gpu(limit, default=700, throttle=("sw_power_cap",)):
+        return {"gpus": [{"index": 0, "util_pct": 98, "throttle": list(throttle), "power_limit_w": limit,
+                          "default_power_limit_w": default}]}
+
+    assert _root_agrees(Cause.GPU_POWER, gpu(700), 0)[0] is None
+    assert "sw_power_cap" in _root_agrees(Cause.GPU_POWER, gpu(450), 0)[0]
+    assert "hw_power_brake" in _root_agrees(Cause.GPU_POWER, gpu(700, throttle=("hw_power_brake",)), 0)[0]
+    assert "sw_power_cap" in _root_agrees(Cause.GPU_POWER, gpu(700, default=None), 0)[0]  # cannot tell: counts
 
 
 def test_a_correction_fixes_clocks_and_power_but_not_heat():
