@@ -99,7 +99,6 @@ def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
     return (inc.kind.value, inc.cause.value, inc.node, inc.link)
 
 
-
 def _loss_as_the_result_shows(inc: Incident) -> None:
     """Once the slowed throughput is frozen in the result, the incident's measured loss is the one
     of those two numbers, and the loss evidence line says so: one incident never shows two losses.
@@ -521,8 +520,8 @@ class Daemon:
     def _run_key(self, job: str, step: str) -> str:
         """The key of the job step's latest run (``step`` itself unless it was restarted since)."""
         base = step.split(RUN_SEP, 1)[0]
-        run = self._runs[(job, base)].number if (job, base) in self._runs else 0
-        return base if run == 0 else f"{base}{RUN_SEP}{run}"
+        run = self._runs.get((job, base))
+        return base if run is None or run.number == 0 else f"{base}{RUN_SEP}{run.number}"
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
         if isinstance(rec, WindowReport):
@@ -1170,7 +1169,6 @@ class Daemon:
         slowed = verify.during(series, inc.onset_window, stored.action_window)
         inc.result = Result(throughput_healthy=_rounded(stored.baseline), throughput_before=_rounded(slowed))
         _loss_as_the_result_shows(inc)
-
 
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
         """The newest window the job had begun before the action was done: verification starts after it.

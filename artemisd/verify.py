@@ -287,20 +287,19 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
         if with_collectives:
             what, healthy = "busy time plus collectives", healthy_pace + healthy_collectives
             paces = [w.pace + w.collectives for w in shapes]
-        factor = float(np.median(paces)) / healthy
+        pace = float(np.median(paces))
+        factor = pace / healthy
+        load = f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step ({pace:.1f} vs {healthy:.1f} ms)"
         if factor >= 1.0:
             expected = before / factor
-            load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
-                    f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms): at that pace a healthy job "
-                    f"makes {expected:.1f}, and {measured:.1f} is {100.0 * measured / expected:.0f} % of it")
+            load += (f": at that pace a healthy job makes {expected:.1f}, and {measured:.1f} is "
+                     f"{100.0 * measured / expected:.0f} % of it")
         else:
             # The machine ran faster than in the healthy windows (a load gone, a requeue onto
             # quieter nodes).  The correction only excuses: demanding more than the healthy
             # throughput would call a job running above it unrecovered and undo a right action,
             # and a fault still present shows again as a straggler against its own peers.
-            load = (f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step "
-                    f"({float(np.median(paces)):.1f} vs {healthy:.1f} ms), faster: judged against "
-                    f"the healthy throughput as it was")
+            load += ", faster: judged against the healthy throughput as it was"
     recovered = measured >= fraction * expected
     return Verification(True, recovered, before, measured,
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
