@@ -30,6 +30,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -196,7 +197,10 @@ async def get_incident(request: web.Request) -> web.Response:
                 "detail": a.detail} for a in daemon.store.actions_of(stored.id)]
     return _json({"incident": stored.body, "step": stored.step, "baseline": stored.baseline,
                   "actions": actions, "audit": daemon.store.audit_log(stored.id),
-                  "throughput": daemon.analyzer.throughput(stored.job, stored.step or "0")})
+                  # A window some ranks' reports missed measures no throughput (NaN): null, as
+                  # JSON has no NaN and a strict reader (jq, a browser) refuses the whole body.
+                  "throughput": [(seq, value if math.isfinite(value) else None)
+                                 for seq, value in daemon.analyzer.throughput(stored.job, stored.step or "0")]})
 
 
 async def get_incident_windows(request: web.Request) -> web.Response:

@@ -69,3 +69,26 @@ def test_a_backlog_after_an_outage_is_analysed_as_the_same_run_without_a_false_s
         assert not d.store.incidents(job="77")
     finally:
         d.store.close()
+
+
+def test_an_incident_with_a_window_a_rank_missed_is_still_strict_json(tmp_path):
+    """The window's throughput is not measured (NaN inside): the API says null, never the non-JSON NaN."""
+    import json
+
+    import pytest
+
+    from tests.unit.test_server import SLOW_BUSY, Clock, Harness, cluster, hot_gpu_confirmed, run
+
+    def refuse(constant):
+        pytest.fail(f"{constant} in the body: not JSON")
+
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h)
+            await h.post(lockstep(12, SLOW_BUSY, nodes=[f"n{r // 2}" for r in range(len(SLOW_BUSY))])[:-1])
+            await h.windows(range(13, 16), SLOW_BUSY)  # the partial window 12 is analysed without its last rank
+            [inc] = await h.incidents()
+            text = await (await h.client.get(f"/v1/incidents/{inc['id']}")).text()
+            throughput = dict(json.loads(text, parse_constant=refuse)["throughput"])
+            assert throughput[12] is None and all(v is not None for seq, v in throughput.items() if seq != 12)
+    run(scenario)
