@@ -212,22 +212,42 @@ def judge_probe(
     # pair slowed by a preempted end (a loaded host) slows only itself, and
     # must not be read as the link of whichever of its two ends the medians
     # happen to favour.  (A pair within one node crosses no network link:
-    # left out.)
-    hops: list[tuple[frozenset[str], float]] = []
+    # left out.)  A node whose own rank is preempted slows *every* pair it
+    # takes part in, though, as its link would: each pair's time less its two
+    # ends' run-queue waits (``wait_ms``, ``served_wait_ms``: time the hosts
+    # could not run them) is what the link itself took, and only that counts
+    # against the link.  The pairs it is compared with keep their full time,
+    # so the waits can only withhold a verdict, never make one.
+    hops: list[tuple[frozenset[str], float, float]] = []
     for rank, result in results.items():
         for hop in result.p2p:
             ends = {node_of.get(rank), hop.node or node_of.get(hop.peer)}
             if None not in ends and len(ends) == 2:
-                hops.append((frozenset(ends), hop.ms))
-    nodes = set().union(*(ends for ends, _ in hops)) if hops else set()
+                answering = results.get(hop.peer)
+                waited = (hop.wait_ms or 0.0) + ((answering.served_wait_ms or 0.0) if answering else 0.0)
+                hops.append((frozenset(ends), hop.ms, max(0.0, hop.ms - waited)))
+    nodes = set().union(*(ends for ends, _, _ in hops)) if hops else set()
     if len(nodes) >= 3:
-        contrast = {}
+        contrast, preempted = {}, {}
         for node in nodes:
-            near = [ms for ends, ms in hops if node in ends]
-            far = [ms for ends, ms in hops if node not in ends]
-            if near and far and max(far) > 0 and min(near) / max(far) >= 1.0 + 2 * slowdown:
-                touching, elsewhere = _median(near), _median(far)
+            near = [(ms, link_ms) for ends, ms, link_ms in hops if node in ends]
+            far = [ms for ends, ms, _ in hops if node not in ends]
+            if not (near and far and max(far) > 0):
+                continue
+            touching, elsewhere = _median([ms for ms, _ in near]), _median(far)
+            if min(link_ms for _, link_ms in near) / max(far) >= 1.0 + 2 * slowdown:
                 contrast[node] = (touching / elsewhere, touching, elsewhere)
+            elif min(ms for ms, _ in near) / max(far) >= 1.0 + 2 * slowdown:
+                preempted[node] = (touching / elsewhere, touching, elsewhere,
+                                   _median([ms - link_ms for ms, link_ms in near]))
+        if preempted and not contrast:
+            node = max(preempted, key=lambda n: preempted[n][0])
+            factor, touching, elsewhere, waited = preempted[node]
+            evidence.append(Evidence(
+                signal="probe.p2p_ms", value=round(touching, 3), peers=round(elsewhere, 3),
+                note=f"ring transfers touching {node} are {factor:.1f}x slower than the others, but its hosts "
+                     f"could not run the ranks for {waited:.2f} ms of each (run-queue wait): a loaded host, "
+                     f"not its link"))
         if contrast:
             worst = max(contrast, key=lambda n: contrast[n][0])
             factor, touching, elsewhere = contrast[worst]

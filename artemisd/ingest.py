@@ -347,6 +347,7 @@ class _P2P(_Fast):
     peer: _Count
     ms: _NonNegative
     node: Annotated[str, Meta(max_length=MAX_ID)] | None = None
+    wait_ms: _NonNegative | None = None
 
 
 class _Probe(_Fast):
@@ -355,6 +356,7 @@ class _Probe(_Fast):
     gemm_tflops: _NonNegative | None = None
     allreduce_ms: _NonNegative | None = None
     p2p: Annotated[tuple[_P2P, ...], Meta(max_length=MAX_ITEMS)] = ()
+    served_wait_ms: _NonNegative | None = None
     cost_ms: _NonNegative | None = None
 
 

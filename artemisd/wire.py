@@ -189,6 +189,9 @@ class P2PTiming(_Model):
     peer: int = Field(ge=0, le=INT64_MAX)
     ms: NonNegative
     node: str | None = Field(default=None, max_length=MAX_ID)
+    # The sender's run-queue wait per round trip (every thread, /proc schedstat):
+    # time its host could not run it, which slows the transfer as a link would.
+    wait_ms: NonNegative | None = None
 
 
 class ProbeResult(_Model):
@@ -204,6 +207,9 @@ class ProbeResult(_Model):
     gemm_tflops: NonNegative | None = None
     allreduce_ms: NonNegative | None = None
     p2p: tuple[P2PTiming, ...] = Field(default=(), max_length=MAX_ITEMS)
+    # This rank's run-queue wait per round trip while it answered the ring pair
+    # that ends at it (its left neighbour's ``p2p`` entry): the far end's share.
+    served_wait_ms: NonNegative | None = None
     cost_ms: NonNegative | None = None
 
 

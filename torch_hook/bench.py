@@ -12,7 +12,11 @@ across ranks under matched conditions:
    slow link shows as slow round trips on the two pairs that use it, and
    nowhere else: in a ring where every rank sends and receives at once, each
    timing would also include the neighbour's incoming link, and the slowness
-   would smear onto the next node.
+   would smear onto the next node.  Each end also reports its process's
+   run-queue wait over the round trips (``wait_ms`` by the sender,
+   ``served_wait_ms`` by the answering end): on a loaded host a preempted
+   end slows every transfer it takes part in exactly as a slow link would,
+   and the daemon must be able to tell the two apart.
 
 Times are medians over a few repetitions after one warm-up.  Each phase is a
 collective or follows one, and runs on every rank even if a previous phase
@@ -21,6 +25,7 @@ failed locally, so a local error can never leave the ranks out of step.
 
 from __future__ import annotations
 
+import glob
 import statistics
 import time
 from collections.abc import Callable
@@ -80,7 +85,9 @@ def run(directive_id: str, *, rank: int, world: int, device: torch.device,
             errors.append(f"allreduce: {err!r}")
 
         try:
-            entry = _ring_pairs(rank, world, device, p2p_bytes)
+            entry, served_wait_ms = _ring_pairs(rank, world, device, p2p_bytes)
+            if served_wait_ms is not None:
+                out["served_wait_ms"] = served_wait_ms
             if entry is not None:
                 if nodes and entry["peer"] < len(nodes):
                     entry["node"] = nodes[entry["peer"]]
@@ -104,10 +111,40 @@ def _ring_phases(world: int) -> list[list[int]]:
     return phases
 
 
-def _ring_pairs(rank: int, world: int, device: torch.device, nbytes: int) -> dict[str, Any] | None:
-    """Ping-pong each ring pair in turn; return this rank's entry (as the pair's left end)."""
+def run_queue_wait_ms() -> float | None:
+    """Milliseconds this process's threads have spent runnable but not running (all threads).
+
+    The second field of ``/proc/<tid>/schedstat`` (the kernel's sched_info,
+    on in every distribution kernel).  All threads, as a communication
+    library moves data on threads of its own.  None where it cannot be read.
+    """
+    total, seen = 0, False
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e6 if seen else None
+
+
+def _waited(before: float | None, trips: int) -> float | None:
+    after = run_queue_wait_ms()
+    if before is None or after is None:
+        return None
+    return round(max(0.0, after - before) / trips, 4)
+
+
+def _ring_pairs(rank: int, world: int, device: torch.device,
+                nbytes: int) -> tuple[dict[str, Any] | None, float | None]:
+    """Ping-pong each ring pair in turn.
+
+    Returns this rank's entry as a pair's left end and its run-queue wait per
+    round trip as the right end of the pair that ends at it.
+    """
     buf = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
-    entry = None
+    entry, served_wait_ms = None, None
     for phase in _ring_phases(world):
         dist.barrier()  # every rank enters the phase together: no pair waits on another
         for k in phase:
@@ -116,9 +153,15 @@ def _ring_pairs(rank: int, world: int, device: torch.device, nbytes: int) -> dic
                 def round_trip(peer: int = right) -> None:
                     dist.send(buf, peer)
                     dist.recv(buf, peer)
+                before = run_queue_wait_ms()
                 entry = {"peer": right, "ms": round(_timed(round_trip, device), 4)}
+                wait_ms = _waited(before, REPS + 1)
+                if wait_ms is not None:
+                    entry["wait_ms"] = wait_ms
             elif rank == right:
+                before = run_queue_wait_ms()
                 for _ in range(REPS + 1):  # the warm-up and each timed round trip
                     dist.recv(buf, left)
                     dist.send(buf, left)
-    return entry
+                served_wait_ms = _waited(before, REPS + 1)
+    return entry, served_wait_ms

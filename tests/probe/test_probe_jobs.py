@@ -201,6 +201,8 @@ def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, d
     for rank, probe in probes.items():
         assert probe.id == "PRB-7" and probe.gemm_ms > 0 and probe.gemm_tflops > 0 and probe.allreduce_ms > 0
         assert [p.peer for p in probe.p2p] == [(rank + 1) % 4] and probe.cost_ms > 0
+        # Each end's run-queue wait, which tells a preempted rank from a slow link (confirm.judge_probe).
+        assert probe.p2p[0].wait_ms is not None and probe.served_wait_ms is not None
     # Shares are applied at an epoch start: rank 2 ends with a smaller batch,
     # and the four ranks still split the 32-sample global batch between them.
     last = [res["local_batches"][-1] for res in results]

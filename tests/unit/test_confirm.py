@@ -139,3 +139,24 @@ def test_intermittent_flags_need_the_wall_time_too():
     for seq in (1, 3, 5):
         verdict, streak = p2.observe("r2", seq, "c", steady=False, seconds=1.0)
     assert verdict is Verdict.CONFIRMED and streak.intermittent
+
+
+def test_a_preempted_rank_slows_its_pairs_but_names_no_link():
+    # The noisy-neighbour test's probes (3 ranks on n1-n3, two busy loops on the
+    # same cores): both pairs touching n1 ~3x slower, and n1's rank spent most
+    # of each round trip waiting for a core.  That is its host, not its link.
+    three = {0: "n1", 1: "n2", 2: "n3"}
+    preempted = {0: ProbeResult(id="P", gemm_ms=10, served_wait_ms=2.9,
+                                p2p=(P2PTiming(peer=1, ms=4.79, wait_ms=3.1),)),
+                 1: ProbeResult(id="P", gemm_ms=10, served_wait_ms=0.1,
+                                p2p=(P2PTiming(peer=2, ms=1.63, wait_ms=0.1),)),
+                 2: ProbeResult(id="P", gemm_ms=10, served_wait_ms=0.2,
+                                p2p=(P2PTiming(peer=0, ms=4.57, wait_ms=0.3),))}
+    judgement = judge_probe(preempted, set(), three, 0.1)
+    assert judgement.verdict is ProbeVerdict.NORMAL, judgement
+    assert "run-queue wait" in judgement.evidence[-1].note and "n1" in judgement.evidence[-1].note
+    # The same timings with hosts that ran the ranks at once: n1's link.
+    prompt = {rank: r.model_copy(update={"served_wait_ms": 0.0, "p2p": tuple(
+        hop.model_copy(update={"wait_ms": 0.05}) for hop in r.p2p)}) for rank, r in preempted.items()}
+    judgement = judge_probe(prompt, set(), three, 0.1)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"

@@ -81,7 +81,8 @@ def test_clean_simulator_windows_take_the_fast_path_with_the_careful_paths_recor
             if rng.random() < 0.3:
                 rec["ms"].pop("busy")  # derived from step - comm_wait
             if rng.random() < 0.2:
-                rec["probe"] = {"id": "p1", "gemm_ms": 3.5, "p2p": [{"peer": 1, "ms": 2.0, "node": "n1"}]}
+                rec["probe"] = {"id": "p1", "gemm_ms": 3.5, "served_wait_ms": 0.4,
+                                "p2p": [{"peer": 1, "ms": 2.0, "node": "n1", "wait_ms": 0.3}]}
             if "gpu" in rec and rng.random() < 0.3:
                 rec["gpu"]["throttle"] = ["sw_thermal", "idle"]
             if rng.random() < 0.2:
