@@ -229,6 +229,7 @@ def judge_probe(
     nodes = set().union(*(ends for ends, _, _ in hops)) if hops else set()
     if len(nodes) >= 3:
         contrast, preempted = {}, {}
+        subject_nodes = {node_of.get(r) for r in suspects}
         for node in nodes:
             near = [(ms, link_ms) for ends, ms, link_ms in hops if node in ends]
             far = [ms for ends, ms, _ in hops if node not in ends]
@@ -240,6 +241,8 @@ def judge_probe(
             elif min(ms for ms, _ in near) / max(far) >= 1.0 + 2 * slowdown:
                 preempted[node] = (touching / elsewhere, touching, elsewhere,
                                    _median([ms - link_ms for ms, link_ms in near]))
+        # Said only of a node the incident is about (as a link is, below).
+        preempted = {n: p for n, p in preempted.items() if not suspects or n in subject_nodes}
         if preempted and not contrast:
             node = max(preempted, key=lambda n: preempted[n][0])
             factor, touching, elsewhere, waited = preempted[node]
@@ -251,7 +254,6 @@ def judge_probe(
         if contrast:
             worst = max(contrast, key=lambda n: contrast[n][0])
             factor, touching, elsewhere = contrast[worst]
-            subject_nodes = {node_of.get(r) for r in suspects}
             if not suspects or worst in subject_nodes:
                 # A slow link elsewhere is not evidence about this subject (a GPU
                 # clock incident on n2 must not carry "n1's link"); a job-wide

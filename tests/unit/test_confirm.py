@@ -160,3 +160,6 @@ def test_a_preempted_rank_slows_its_pairs_but_names_no_link():
         hop.model_copy(update={"wait_ms": 0.05}) for hop in r.p2p)}) for rank, r in preempted.items()}
     judgement = judge_probe(prompt, set(), three, 0.1)
     assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n1"
+    # About a rank on n2, the preempted n1 is not evidence either way.
+    judgement = judge_probe(preempted, {1}, three, 0.1)
+    assert not any(e.signal == "probe.p2p_ms" for e in judgement.evidence), judgement
