@@ -238,11 +238,10 @@ def judge_probe(
             touching, elsewhere = _median([ms for ms, _ in near]), _median(far)
             if min(link_ms for _, link_ms in near) / max(far) >= 1.0 + 2 * slowdown:
                 contrast[node] = (touching / elsewhere, touching, elsewhere)
-            elif min(ms for ms, _ in near) / max(far) >= 1.0 + 2 * slowdown:
+            elif (not suspects or node in subject_nodes) and min(ms for ms, _ in near) / max(far) >= 1.0 + 2 * slowdown:
+                # Said only of a node the incident is about, as a link is (below).
                 preempted[node] = (touching / elsewhere, touching, elsewhere,
                                    _median([ms - link_ms for ms, link_ms in near]))
-        # Said only of a node the incident is about (as a link is, below).
-        preempted = {n: p for n, p in preempted.items() if not suspects or n in subject_nodes}
         if preempted and not contrast:
             node = max(preempted, key=lambda n: preempted[n][0])
             factor, touching, elsewhere, waited = preempted[node]

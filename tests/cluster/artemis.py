@@ -166,6 +166,10 @@ class ArtemisDaemon:
             raise ClusterError(f"artemis incidents failed ({done.returncode}): {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
+    def explain(self, incident_id: str, limit: int = 20000) -> str:
+        """One incident as the API gives it (numbers, actions, audit trail): a failed assertion's message."""
+        return json.dumps(self.get(f"/v1/incidents/{incident_id}"), indent=1, default=str)[:limit]
+
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.dir / "artemisd.log", lines)
 

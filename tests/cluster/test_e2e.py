@@ -76,7 +76,7 @@ def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
         # Judged against the healthy throughput at the machine's pace then (the job's
         # fast ranks' busy time), so a loaded box neither fails nor flatters the fix.
         assert done["state"] == "resolved" and result["recovered"] is True, \
-            json.dumps(artemisd.get(f"/v1/incidents/{done['id']}"), indent=1, default=str)[:20000]
+            artemisd.explain(done["id"])
         assert result["throughput_after"] >= 0.85 * (result["throughput_expected"] or result["throughput_healthy"])
         for pct in (done["loss_pct"], done["measured_loss_pct"]):
             assert pct is None or 0.0 <= pct <= 100.0
@@ -97,7 +97,7 @@ def test_gpu_clocks_are_corrected_by_the_node_check_and_recovery_is_measured(
     assert incident["action"]["kind"] == "correct" and incident["action"]["status"] == "done"
     result = incident["result"]
     assert result["recovered"] is True and incident["state"] == "resolved", \
-        json.dumps(artemisd.get(f"/v1/incidents/{incident['id']}"), indent=1, default=str)[:20000]
+        artemisd.explain(incident["id"])
     assert result["throughput_after"] > result["throughput_before"]
     assert slurm_cluster.drain_reasons().get(node) is None  # fixed in place, nothing drained
 
