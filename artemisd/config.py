@@ -230,6 +230,7 @@ class DaemonSettings(_Section):
     history_windows_kept: int = Field(default=200, ge=10, le=100_000)
     verify_windows: int = Field(default=3, ge=1, le=1000)
     verify_warmup_windows: int = Field(default=3, ge=0, le=1000)
+    verify_seconds: Seconds = Field(default=5.0, le=86_400)
     unknown_escalate_after: Seconds = 600.0
     unknown_escalate_loss: float = Field(default=20.0, ge=0.0, le=100.0)
     recur_escalate: int = Field(default=3, ge=0, le=1000)
@@ -406,6 +407,7 @@ KEYS: dict[str, KeySpec] = {
                              "recurrences after which a device that keeps coming back goes to a person (0: never)"),
     "VerifyWarmupWindows": KeySpec("daemon", "verify_warmup_windows",
                                    "first windows of a requeued job left out of verification (warm-up)"),
+    "VerifySeconds": KeySpec("daemon", "verify_seconds", "wall time the windows that verify an action must last"),
     "RecoveryFraction": KeySpec("daemon", "recovery_fraction", "share of baseline throughput that counts as recovered"),
     "RetryBackoff": KeySpec("daemon", "retry_backoff", "first retry delay of a failed Slurm/SMTP call"),
     "RetryBackoffMax": KeySpec("daemon", "retry_backoff_max", "longest retry delay"),

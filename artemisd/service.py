@@ -1192,7 +1192,8 @@ class Daemon:
                  if kind == "drain" and target}
         verdict = verify.verdict(inc.kind.value, inc.cause.value, self._evidence(stored, inc),
                                  self.config.daemon.verify_windows, self.config.daemon.recovery_fraction,
-                                 self.config.daemon.verify_warmup_windows, now, VERIFY_SILENCE_S, done, still, job=inc.job)
+                                 self.config.daemon.verify_warmup_windows, now, VERIFY_SILENCE_S, done, still, job=inc.job,
+                                 min_seconds=self.config.daemon.verify_seconds)
         if verdict.state is None:
             return
         measured = verdict.verification
@@ -1272,14 +1273,16 @@ class Daemon:
                for r in self.store.actions_of(stored.id)):
             return
         inc = Incident.model_validate(stored.body)
-        need = self.config.daemon.verify_windows
+        d = self.config.daemon
+        need = d.verify_windows
         shapes = self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0"))
         if stored.baseline is not None:
-            if len(shapes) <= need:
+            since = verify.latest_since(shapes, need, d.verify_seconds)
+            if since is None:
                 return
-            d = self.config.daemon
             verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), need,
-                                     d.recovery_fraction, d.verify_warmup_windows, since=shapes[-need - 1].seq)
+                                     d.recovery_fraction, d.verify_warmup_windows, since=since,
+                                     min_seconds=d.verify_seconds)
             if not verdict.done or verdict.recovered is False:
                 if verdict.done and stored.id not in self._not_back:
                     self._not_back.add(stored.id)

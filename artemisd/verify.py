@@ -47,8 +47,10 @@ class WindowShape:
     job's fast ranks (the lower quartile over ranks): how fast this machine ran
     work a subject's fault does not slow (``verify``'s load correction).
     ``collectives`` is the ms per step every rank spends in the collectives
-    themselves: the step minus the slowest rank's busy time, i.e. the wait
-    that is not waiting for a slower rank.
+    themselves: the window's wall time per step minus the slowest rank's busy
+    time, i.e. the time that is not waiting for a slower rank
+    (``collective_time``).  ``seconds`` is the window's wall time (None:
+    not measured), what ``VerifySeconds`` adds up.
     """
 
     seq: int
@@ -58,15 +60,21 @@ class WindowShape:
     steps: float
     pace: float | None = None
     collectives: float | None = None
+    seconds: float | None = None
 
     @classmethod
     def of(cls, seq: int, throughput: float, world: int, samples: np.ndarray, steps: np.ndarray,
            busy: np.ndarray | None = None, step: np.ndarray | None = None) -> WindowShape:
         counted = samples[np.isfinite(samples)]
         median_steps = float(np.median(steps)) if steps.size else 0.0
-        batch = round(float(np.sum(counted)) / median_steps, 3) if counted.size and median_steps > 0 else None
+        total = float(np.sum(counted)) if counted.size else 0.0
+        batch = round(total / median_steps, 3) if total > 0 and median_steps > 0 else None
+        # The wall time the throughput was measured over (the ranks' median t1 - t0): the
+        # steps and the probe's work at the window's boundary.
+        seconds = total / throughput if total > 0 and np.isfinite(throughput) and throughput > 0 else None
+        wall_ms = 1e3 * seconds / median_steps if seconds is not None and median_steps > 0 else None
         return cls(seq, float(throughput), int(world), batch, median_steps, fast_pace(busy),
-                   collective_time(step, busy))
+                   collective_time(step, busy, wall_ms), seconds)
 
     def like(self, other: WindowShape) -> bool:
         """Same rank count and the same global batch, give or take one short batch in the window.
@@ -98,14 +106,29 @@ def fast_pace(busy: np.ndarray | None) -> float | None:
     return float(np.quantile(finite, 0.25, method="lower"))
 
 
-def collective_time(step: np.ndarray | None, busy: np.ndarray | None) -> float | None:
-    """ms per step in the collectives themselves: the job's median step minus its slowest rank's busy (>= 0)."""
-    if step is None or busy is None:
+def collective_time(step: np.ndarray | None, busy: np.ndarray | None, wall_ms: float | None = None) -> float | None:
+    """ms per step every rank spends outside the slowest rank's own work (>= 0): the collectives themselves.
+
+    Measured from ``wall_ms``, the window's wall time per step, when known:
+    the throughput is samples over that wall time, which also holds the work
+    at window boundaries outside any step (the probe's agreement, a report
+    handed to its sender).  On a loaded machine that work slows as the
+    collectives do; a pace taken from the steps alone would leave it out and
+    blame the job's throughput for it.  Without it, the job's median step.
+    """
+    if busy is None:
         return None
-    steps, busies = step[np.isfinite(step)], busy[np.isfinite(busy)]
-    if not steps.size or not busies.size:
+    busies = busy[np.isfinite(busy)]
+    if not busies.size:
         return None
-    return max(0.0, float(np.median(steps)) - float(np.max(busies)))
+    if wall_ms is None:
+        if step is None:
+            return None
+        steps = step[np.isfinite(step)]
+        if not steps.size:
+            return None
+        wall_ms = float(np.median(steps))
+    return max(0.0, wall_ms - float(np.max(busies)))
 
 
 def healthy_shape(shapes: Sequence[WindowShape], onset_window: int | None,
@@ -242,11 +265,48 @@ def loss_evidence(loss_pct: float | None, healthy: float | None, slowed: float |
             "note": f"job throughput slowed vs healthy; {why}"}
 
 
+def span(windows: Sequence[float | WindowShape], need: int, min_seconds: float = 0.0) -> list | None:
+    """The first windows that may judge: at least ``need`` of them and, where every window's wall
+    time is known, at least ``min_seconds`` of it (None: not that many yet).
+
+    Window count is scale-free, OS scheduling is not: a few windows of a few
+    steps of a few ms last a second or two, long enough for the scheduler
+    alone to hold one rank back in all of them.  At real window lengths
+    (seconds or more) ``need`` windows already last longer and the count
+    decides.
+    """
+    windows = list(windows)
+    if len(windows) < need:
+        return None
+    timed = all(isinstance(w, WindowShape) and w.seconds is not None for w in windows)
+    if not timed or min_seconds <= 0:
+        return windows[:need]
+    total = 0.0
+    for i, w in enumerate(windows):
+        total += w.seconds  # type: ignore[union-attr,operator]
+        if i + 1 >= need and total >= min_seconds:
+            return windows[:i + 1]
+    return None
+
+
+def latest_since(windows: Sequence[WindowShape], need: int, min_seconds: float = 0.0) -> int | None:
+    """The window just before the job's latest span (``span``'s rule, counted back from the newest):
+    ``measure(..., since=)`` judges the windows after it.  None: not enough windows yet."""
+    if len(windows) <= need:
+        return None
+    back = span(list(reversed(windows[1:])), need, min_seconds)
+    if back is None:
+        return None
+    return windows[len(windows) - len(back) - 1].seq
+
+
 def verify(before: float | None, after: Sequence[float | WindowShape], need: int, fraction: float,
-           healthy_pace: float | None = None, healthy_collectives: float | None = None) -> Verification:
+           healthy_pace: float | None = None, healthy_collectives: float | None = None,
+           min_seconds: float = 0.0) -> Verification:
     """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action.
 
-    Judged on the median of the first ``need`` windows after the action::
+    Judged on the median of the first ``need`` windows after the action
+    (more, until they last ``min_seconds``: ``span``)::
 
         recovered  <=>  after >= fraction x expected
         expected   =    before x healthy_pace / pace after    (never above before)
@@ -269,10 +329,12 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
     input pipeline); the slowest rank's excess over the fast ranks is never
     part of the pace, so a subject that is still slow is never excused.
     """
-    window = list(after)[:need]
-    if len(window) < need:
+    window = span(after, need, min_seconds)
+    if window is None:
+        seconds = sum(w.seconds or 0.0 for w in after if isinstance(w, WindowShape))
+        lasting = f" ({seconds:.1f} of {min_seconds:g} s)" if min_seconds > 0 else ""
         return Verification(False, before=before,
-                            note=f"{len(after)} of {need} windows measured after the action")
+                            note=f"{len(after)} of {need} windows{lasting} measured after the action")
     throughputs = [w.throughput if isinstance(w, WindowShape) else float(w) for w in window]
     measured = float(np.median(throughputs))
     if before is None or before <= 0:
@@ -329,7 +391,7 @@ class Evidence:
 
 
 def measure(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int,
-            since: int | None = None) -> Verification:
+            since: int | None = None, min_seconds: float = 0.0) -> Verification:
     """The verdict on an action from the windows measured since (``done`` False: too few yet).
 
     Like with like: windows of the healthy shape (rank count, global batch),
@@ -355,8 +417,8 @@ def measure(kind: str, cause: str, ev: Evidence, need: int, fraction: float, war
         after, unlike, unlike_note = after_windows(ev.current, None, healthy, warmup)
     pace = healthy.pace if healthy is not None and kind in LOCAL_KINDS else None
     collectives = healthy.collectives if pace is not None and cause in WORK_ONLY_CAUSES else None
-    verdict = verify(ev.baseline, after, need, fraction, pace, collectives)
-    if not verdict.done and len(unlike) >= need:
+    verdict = verify(ev.baseline, after, need, fraction, pace, collectives, min_seconds)
+    if not verdict.done and span(unlike, need, min_seconds) is not None:
         verdict = Verification(True, None, ev.baseline, None,
                                f"{unlike_note}: recovery cannot be judged like with like")
     return verdict
@@ -386,7 +448,7 @@ class Verdict:
 
 def verdict(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int, now: float,
             silence_s: float, done_actions: Sequence[tuple[int, str, str | None]],
-            still_shown: dict[str, str | None] | None = None, job: str = "") -> Verdict:
+            still_shown: dict[str, str | None] | None = None, job: str = "", min_seconds: float = 0.0) -> Verdict:
     """Judge a verifying incident: resolved when throughput came back, unresolved (and what to roll back) when not.
 
     ``done_actions``: (id, kind, target) of the incident's actions that were
@@ -397,7 +459,7 @@ def verdict(kind: str, cause: str, ev: Evidence, need: int, fraction: float, war
     verdict that could not be measured (the job went silent for
     ``silence_s``, or its windows are not comparable) undoes nothing.
     """
-    measured = measure(kind, cause, ev, need, fraction, warmup)
+    measured = measure(kind, cause, ev, need, fraction, warmup, min_seconds=min_seconds)
     if not measured.done:
         if ev.last_seen is None or now - ev.last_seen < silence_s:
             return Verdict(None, measured)

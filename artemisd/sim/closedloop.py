@@ -801,7 +801,12 @@ class FleetSim:
         noise = (2.0 * u - 1.0) * WINDOW_NOISE * math.sqrt(3.0)
         throughput = steps * world * SAMPLES_PER_RANK / w * (1.0 + noise)
         return verify.WindowShape(seq, throughput, world, float(world * SAMPLES_PER_RANK), float(STEPS_PER_WINDOW),
-                                  pace / w, coll / w)
+                                  pace / w, coll / w, w)
+
+    def _verify_span(self) -> int:
+        """Windows a verification reads here: ``VerifyWindows``, more if they last under ``VerifySeconds``."""
+        d = self.config.daemon
+        return max(d.verify_windows, math.ceil(d.verify_seconds / self.p.window_s))
 
     def _window_of(self, run: Run, t: float) -> int:
         return int(math.floor((t - run.windows_from) / self.p.window_s))
@@ -1119,7 +1124,7 @@ class FleetSim:
         # During the slowdown only its median is read (verify.during): the last hour of it is plenty.
         origin = self._windows(job, origin_run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1) + \
             self._windows(job, origin_run, max(onset_w, action_w - 60), action_w)
-        after = d.verify_warmup_windows + d.verify_windows + 2
+        after = d.verify_warmup_windows + self._verify_span() + 2
         if restarted:
             current = self._windows(job, current_run, 0, after)
         else:
@@ -1166,7 +1171,7 @@ class FleetSim:
         run = job.run
         d = self.config.daemon
         last = self._window_of(run, self.now) - 1
-        since = last - d.verify_windows
+        since = last - self._verify_span()
         onset_w = max(0, self._window_of(run, enc.onset))
         origin = self._windows(job, run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1)
         baseline = verify.baseline([(w.seq, w.throughput) for w in origin], onset_w)
@@ -1175,7 +1180,7 @@ class FleetSim:
             ev = verify.Evidence(baseline, origin, self._windows(job, run, since + 1, last), False, onset_w, None,
                                  self.now)
             measured = verify.measure(enc.kind.value, enc.named, ev, d.verify_windows, d.recovery_fraction,
-                                      d.verify_warmup_windows, since=since)
+                                      d.verify_warmup_windows, since=since, min_seconds=d.verify_seconds)
         if self.loop.subject_recovered(enc.incident, self.now, measured):
             self._closed(enc.incident)
         elif self.now - (enc.ended_at or self.now) < 3600.0:

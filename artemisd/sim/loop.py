@@ -438,7 +438,8 @@ class Loop:
                            for _, kind, target in done if kind == "drain" and target}
         d = self.config.daemon
         v = verify.verdict(inc.kind.value, inc.cause.value, evidence, d.verify_windows, d.recovery_fraction,
-                           d.verify_warmup_windows, now, self.silence_s, done, still_shown)
+                           d.verify_warmup_windows, now, self.silence_s, done, still_shown,
+                           min_seconds=d.verify_seconds)
         if v.state is None:
             return v
         m = v.verification

@@ -185,12 +185,12 @@ class TraceLoop:
             ev = self._evidence(inc, None)
             verification = None
             if ev.baseline is not None:
-                shapes = list(ev.current)
-                if len(shapes) <= d.verify_windows:
+                since = verify.latest_since(list(ev.current), d.verify_windows, d.verify_seconds)
+                if since is None:
                     continue
                 verification = verify.measure(inc.kind.value, inc.cause.value, ev, d.verify_windows,
-                                              d.recovery_fraction, d.verify_warmup_windows,
-                                              since=shapes[-d.verify_windows - 1].seq)
+                                              d.recovery_fraction, d.verify_warmup_windows, since=since,
+                                              min_seconds=d.verify_seconds)
             self.loop.subject_recovered(inc.id, now, verification)
 
     def _evidence(self, inc: Incident, action_window: int | None) -> verify.Evidence:

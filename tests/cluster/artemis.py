@@ -27,6 +27,10 @@ from .procs import ClusterError, Daemon, spawn, tail, wait_until
 from .slurm import SlurmCluster, free_port
 
 
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 class Mailbox:
     """aiosmtpd on 127.0.0.1 that keeps every message it receives."""
 
@@ -166,9 +170,17 @@ class ArtemisDaemon:
             raise ClusterError(f"artemis incidents failed ({done.returncode}): {done.stderr.strip()}")
         return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
-    def explain(self, incident_id: str, limit: int = 20000) -> str:
-        """One incident as the API gives it (numbers, actions, audit trail): a failed assertion's message."""
-        return json.dumps(self.get(f"/v1/incidents/{incident_id}"), indent=1, default=str)[:limit]
+    def explain(self, incident_id: str, limit: int = 20000, last_windows: int = 40) -> str:
+        """One incident as the API gives it (numbers, actions, audit trail) and its job's last windows,
+        one line each (ranks' busy / step ms): a failed assertion's message."""
+        body = json.dumps(self.get(f"/v1/incidents/{incident_id}"), indent=1, default=str)[:limit]
+        by_window: dict[tuple[Any, Any], list[str]] = {}
+        for w in self.get(f"/v1/incidents/{incident_id}/windows")["windows"]:
+            cell = f"r{w['rank']}@{w['node']} {_ms(w['busy'])}/{_ms(w['step'])}"
+            by_window.setdefault((w["t0"] or 0.0, w["seq"]), []).append(cell)
+        lines = [f"t0={t0:.2f} seq={seq}: " + "  ".join(cells)
+                 for (t0, seq), cells in sorted(by_window.items(), key=lambda kv: kv[0][0])[-last_windows:]]
+        return body + "\nwindows (busy/step ms per rank):\n" + "\n".join(lines)
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.dir / "artemisd.log", lines)

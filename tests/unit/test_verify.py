@@ -149,6 +149,66 @@ def test_collective_time_is_the_step_less_the_slowest_ranks_busy():
     assert collective_time(np.array([23.9, 23.4, 24.0]), np.array([11.1, 10.7, 10.0])) == pytest.approx(12.8)
     assert collective_time(np.array([10.0, 10.0]), np.array([12.0, 9.0])) == 0.0  # never negative
     assert collective_time(None, np.array([1.0])) is None
+    # The window's wall time per step, when known, is what the throughput was measured over.
+    assert collective_time(np.array([18.4, 18.4]), np.array([7.4, 7.1]), wall_ms=23.0) == pytest.approx(15.6)
+
+
+def _window(seq, busy, step_ms, wall_ms_per_step, steps=20, samples_per_rank_step=60.0):
+    """One 3-rank window as the analyzer shapes it: ranks' busy and step means, and its wall time."""
+    import numpy as np
+
+    from artemisd.verify import WindowShape
+
+    ranks = len(busy)
+    samples = np.full(ranks, samples_per_rank_step * steps)
+    throughput = float(samples.sum()) / (steps * wall_ms_per_step / 1e3)
+    return WindowShape.of(seq, throughput, ranks, samples, np.full(ranks, float(steps)),
+                          np.array(busy, dtype=float), np.full(ranks, float(step_ms)))
+
+
+def test_work_at_window_boundaries_slowed_by_the_load_is_the_machines_too():
+    # The shape of CI's failed thermal verification: after the requeue every rank ran at
+    # the healthy busy time and its steps barely slowed (17.4 -> 18.4 ms), but on the
+    # loaded box each 20-step window also spent ~0.1 s at its boundaries (the probe's
+    # agreement, reports handed over) that the steps do not hold, and the throughput is
+    # samples over wall time.  No rank is slower than the others: recovered.
+    from artemisd.verify import healthy_shape
+
+    healthy = [_window(s, [7.0, 7.2, 7.5], 17.4, 17.8) for s in range(10)]
+    after = [_window(s, [6.8, 7.1, 7.4], 18.4, w) for s, w in enumerate([23.0, 22.1, 24.2])]
+    h = healthy_shape(healthy, None)
+    assert after[0].collectives == pytest.approx(23.0 - 7.4)  # wall per step less the slowest busy
+    v = verify(h.throughput, after, 3, 0.85, healthy_pace=h.pace, healthy_collectives=h.collectives)
+    assert v.after < 0.8 * h.throughput and v.recovered is True, v.note
+    # The subject's thermal fault still there: its busy excess is never part of the pace.
+    still = [_window(s, [6.8, 7.1, 60.0], 71.0, w) for s, w in enumerate([75.0, 74.1, 76.2])]
+    v = verify(h.throughput, still, 3, 0.85, healthy_pace=h.pace, healthy_collectives=h.collectives)
+    assert v.recovered is False, v.note
+
+
+def test_short_windows_are_judged_on_verify_seconds_of_them():
+    # Twenty-step windows of ~0.45 s: VerifyWindows=3 of them last 1.35 s, and in that
+    # the scheduler alone can hold a rank back in two.  VerifySeconds=5 reads eleven.
+    from artemisd.verify import WindowShape, latest_since, span
+
+    def timed(seq, throughput, seconds):
+        return WindowShape(seq, throughput, 3, 192.0, 20.0, seconds=seconds)
+
+    held_back = [timed(0, 5000.0, 0.45), timed(1, 5200.0, 0.45)]
+    after = held_back + [timed(s, 9800.0, 0.45) for s in range(2, 14)]
+    assert verify(9840.0, after, 3, 0.85).recovered is False  # two of three windows held back
+    v = verify(9840.0, after, 3, 0.85, min_seconds=5.0)
+    assert v.recovered is True and v.after == 9800.0, v.note
+    assert len(span(after, 3, 5.0)) == 12  # 12 x 0.45 s >= 5 s
+    waiting = verify(9840.0, after[:6], 3, 0.85, min_seconds=5.0)
+    assert not waiting.done and "6 of 3 windows (2.7 of 5 s)" in waiting.note
+    # Real windows (seconds each): the count decides, as before.
+    long = [timed(s, 9800.0, 30.0) for s in range(5)]
+    assert len(span(long, 3, 5.0)) == 3
+    assert latest_since(long, 3, 5.0) == 1 and latest_since(after, 3, 5.0) == 1
+    assert latest_since(after[:8], 3, 5.0) is None
+    # Windows whose wall time was not measured: the count alone.
+    assert span([9800.0] * 3, 3, 5.0) == [9800.0] * 3
 
 
 # --- verdict: the transition and the rollbacks, on plain values ---------------------------------
