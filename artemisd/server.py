@@ -46,6 +46,7 @@ from artemisd import __version__
 from artemisd.auth import AuthError, MungeAuth, NoAuth, Principal
 from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
+from artemisd.runs import split_run
 from artemisd.ingest import IngestError, decode_body, fast_records
 from artemisd.service import Daemon
 from artemisd.store import StoreUnavailable
@@ -215,7 +216,11 @@ async def get_incident_windows(request: web.Request) -> web.Response:
         if busy is None and ms.get("step") is not None and ms.get("comm_wait") is not None:
             busy = ms["step"] - ms["comm_wait"]
         window = rec.get("window") or {}
+        # ``run``: the daemon's own run of the job step (``runs.split_run`` of the key it was
+        # stored under), so a plot never re-derives a requeue; ``world``: how many ranks a
+        # whole window has.
         windows.append({"rank": rec.get("rank"), "seq": window.get("seq"),
+                        "run": split_run(str(rec.get("step") or "0"))[1], "world": rec.get("world"),
                         "node": rec.get("node"), "step": ms.get("step"), "busy": busy,
                         "comm_wait": ms.get("comm_wait"), "samples": rec.get("samples"),
                         "t0": window.get("t0"), "t1": window.get("t1")})

@@ -28,7 +28,6 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -41,6 +40,7 @@ from artemisd.incident import Action, Evidence, Incident, IncidentKind, Incident
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
+from artemisd.runs import JobRun, run_key, split_run
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, open_store
 from artemisd.ingest import IngestResult
@@ -55,39 +55,10 @@ VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolv
 # A claim outside the cached allocation re-reads the job at most this often:
 # a requeued job has new nodes, but a wrong claim must not cost a Slurm call each.
 ALLOCATION_RECHECK_S = 5.0
-RUN_SEP = "~"  # "0~1": job step 0, second run (after a requeue)
-RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
 log = structlog.get_logger("artemisd")
-
-
-@dataclass
-class JobRun:
-    """Which run of a job step a window report belongs to.  Pure.
-
-    A requeued job numbers its windows from 0 again.  What tells its new run
-    from reports that are merely late is each rank's own order: one rank's
-    probe sends its windows in order, so a rank going back more than
-    ``RESTART_GAP`` windows below its own newest has started again.  The job's
-    highest window is not enough: after an outage (the daemon, or its database,
-    unreachable) every probe sends its backlog, one rank's seconds before
-    another's, and the second rank's windows are far below the first's newest.
-    """
-
-    number: int = 0
-    newest: dict[int, int] = field(default_factory=dict)  # rank -> its newest window in this run
-
-    def place(self, rank: int, seq: int) -> bool:
-        """Take a report of ``rank`` for window ``seq``; True when it starts a new run."""
-        own = self.newest.get(rank)
-        if own is not None and own - seq > RESTART_GAP:
-            self.number += 1
-            self.newest = {rank: seq}
-            return True
-        self.newest[rank] = seq if own is None else max(own, seq)
-        return False
 
 
 def _rounded(value: float | None) -> float | None:
@@ -282,8 +253,7 @@ class Daemon:
 
     def _seed_run(self, rec: WindowReport) -> None:
         """A stored report (its step key names its run) brings the job step's run up to date."""
-        base, _, run = rec.step.partition(RUN_SEP)
-        number = int(run) if run.isdigit() else 0
+        base, number = split_run(rec.step)
         known = self._runs.get((rec.job, base))
         if known is None or number > known.number:
             known = self._set_run(rec.job, base, JobRun(number))
@@ -423,7 +393,7 @@ class Daemon:
                     self.store.set_node_evidence(rec.node, now, principal.uid, row[-1])
                 self._remember(rec)
                 if isinstance(rec, WindowReport):
-                    steps.add((rec.job, rec.step.split(RUN_SEP, 1)[0]))
+                    steps.add((rec.job, split_run(rec.step)[0]))
                     if rec.probe is not None:
                         self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
                         if rec.probe.cost_ms:
@@ -491,12 +461,12 @@ class Daemon:
         a restart of the daemon replays it the same way).  Incidents verifying on
         the old run continue on the new one: its windows all come after the action.
         """
-        base = rec.step.split(RUN_SEP, 1)[0]
+        base = split_run(rec.step)[0]
         run = self._runs.get((rec.job, base)) or self._set_run(rec.job, base, JobRun())
-        old_key = base if run.number == 0 else f"{base}{RUN_SEP}{run.number}"
+        old_key = run_key(base, run.number)
         if run.place(rec.rank, rec.window.seq):
-            self._restarted(rec.job, old_key, f"{base}{RUN_SEP}{run.number}")
-        return rec if run.number == 0 else rec.model_copy(update={"step": f"{base}{RUN_SEP}{run.number}"})
+            self._restarted(rec.job, old_key, run_key(base, run.number))
+        return rec if run.number == 0 else rec.model_copy(update={"step": run_key(base, run.number)})
 
     def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
         if (job, base) not in self._runs:
@@ -513,15 +483,15 @@ class Daemon:
         if self._restoring:
             return
         for stored in self.store.incidents(states=[S.VERIFYING, S.ACTING]):
-            if stored.job == job and (stored.step or "0").split(RUN_SEP, 1)[0] == new_key.split(RUN_SEP, 1)[0]:
+            if stored.job == job and split_run(stored.step or "0")[0] == split_run(new_key)[0]:
                 self._audit(stored.id, "daemon", "job restarted",
                             f"windows of {job} now counted as {new_key}; verified once back in steady state")
 
     def _run_key(self, job: str, step: str) -> str:
         """The key of the job step's latest run (``step`` itself unless it was restarted since)."""
-        base = step.split(RUN_SEP, 1)[0]
+        base = split_run(step)[0]
         run = self._runs.get((job, base))
-        return base if run is None or run.number == 0 else f"{base}{RUN_SEP}{run.number}"
+        return run_key(base, 0 if run is None else run.number)
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
         if isinstance(rec, WindowReport):
@@ -652,7 +622,7 @@ class Daemon:
                 self.metrics.probes.labels("refused").inc()
                 self._audit(daemon_incident, "policy", f"probe {req.id} not sent", refused, now=now)
                 continue
-            step = req.step.split(RUN_SEP, 1)[0]
+            step = split_run(req.step)[0]
             body = {"type": "probe", "id": req.id, "job": req.job, "step": step}
             self.store.add_directive(req.id, "probe", req.job, step, daemon_incident, body, now,
                                      now + self.config.daemon.probe_timeout)
@@ -811,7 +781,7 @@ class Daemon:
         stored = fresh
         inc = Incident.model_validate(stored.body)
         facts = self._facts(stored, inc, partition, nodes, now, info)
-        step = (stored.step or "0").split(RUN_SEP, 1)[0]
+        step = split_run(stored.step or "0")[0]
         plan = decide.plan(inc, stored.plan_step, self.config, facts, step)
         if plan.wait is not None:
             if plan.notes and stored.id not in self._held:

@@ -161,28 +161,28 @@ def cmd_show(args: argparse.Namespace) -> int:
 def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The job's windows in time order, each with its ranks' rows and the job's samples/s.
 
-    A requeued job numbers its windows from 0 again: a rank whose window number
-    goes back has started a new run, so a job window is (run, seq).  Throughput
-    is ``verify.window_throughput``, the definition verification judges with.
+    A requeued job numbers its windows from 0 again: a job window is (run, seq),
+    the run being the daemon's own (each row's ``run``, from the step key the
+    daemon analysed and stored it under: ``runs.JobRun``'s rule, not a second
+    one here).  A rank's row stored twice counts once.  Throughput is
+    ``verify.window_throughput``, the definition verification judges with, and
+    like the analyzer's a window some rank's row is missing from measures none
+    (its samples would be part of the job's): None.
     """
-    timed = [w for w in windows if w.get("rank") is not None and w.get("seq") is not None
-             and w.get("t1") is not None]
-    timed.sort(key=lambda w: w["t1"])
-    last_seq: dict[int, int] = {}
-    run_of: dict[int, int] = {}
-    grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for w in timed:
-        rank, seq = int(w["rank"]), int(w["seq"])
-        if rank in last_seq and seq <= last_seq[rank]:
-            run_of[rank] = run_of.get(rank, 0) + 1
-        last_seq[rank] = seq
-        grouped.setdefault((run_of.get(rank, 0), seq), []).append(w)
+    grouped: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for w in windows:
+        if w.get("rank") is None or w.get("seq") is None or w.get("t1") is None:
+            continue
+        grouped.setdefault((int(w.get("run") or 0), int(w["seq"])), {}).setdefault(int(w["rank"]), w)
     out = []
-    for (run, seq), rows in grouped.items():
+    for (run, seq), by_rank in grouped.items():
+        rows = sorted(by_rank.values(), key=lambda w: int(w["rank"]))
+        world = max((int(w["world"]) for w in rows if w.get("world")), default=len(rows))
         spans = [w["t1"] - w["t0"] for w in rows if w.get("t0") is not None]
+        throughput = window_throughput([w.get("samples") for w in rows], spans) if len(rows) >= world else None
         out.append({"run": run, "seq": seq, "t0": min(w.get("t0") or w["t1"] for w in rows),
                     "t1": float(sorted(w["t1"] for w in rows)[len(rows) // 2]), "rows": rows,
-                    "throughput": window_throughput([w.get("samples") for w in rows], spans)})
+                    "throughput": throughput})
     out.sort(key=lambda j: j["t1"])
     return out
 

@@ -16,7 +16,8 @@ import os
 from artemisd.auth import TRUSTED_LOCAL
 from artemisd.config import parse_config_text
 from artemisd.ingest import fast_records
-from artemisd.service import RESTART_GAP, RUN_SEP, Daemon
+from artemisd.runs import RESTART_GAP, RUN_SEP
+from artemisd.service import Daemon
 from artemisd.slurm.cli import CliSlurm
 from artemisd.wire import parse_record
 from tests.unit.windows import lockstep

@@ -17,7 +17,8 @@ import random
 
 from artemisd.auth import TRUSTED_LOCAL
 from artemisd.config import parse_config_text
-from artemisd.service import RESTART_GAP, RUN_SEP, Daemon, JobRun
+from artemisd.runs import RESTART_GAP, RUN_SEP, JobRun
+from artemisd.service import Daemon
 from artemisd.slurm.cli import CliSlurm
 from tests.unit.windows import lockstep
 

@@ -103,9 +103,10 @@ class Harness:
 
     async def windows(self, seqs: range, busy: list[float], job: str = "100", **kw) -> list[dict[str, Any]]:
         replies = []
+        nodes = kw.pop("nodes", NODES)  # every window's, not only the first's
         for seq in seqs:
             self.clock.now += 10
-            replies.append(await self.post(lockstep(seq, busy, job=job, nodes=kw.pop("nodes", NODES), **kw)))
+            replies.append(await self.post(lockstep(seq, busy, job=job, nodes=nodes, **kw)))
             await self.daemon.run_once()
         return replies
 
@@ -209,6 +210,12 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
             [inc] = await h.incidents()
             assert inc["state"] == "resolved" and inc["result"]["recovered"] is True
             assert h.slurm.nodes["n1"].drained  # a fix that worked is kept
+            # The plot's rows name the daemon's own run of each window (additive ``run``, ``world``).
+            rows = (await (await h.client.get(f"/v1/incidents/{inc['id']}/windows")).json())["windows"]
+            runs = {(w["run"], w["seq"]) for w in rows}
+            assert {(0, s) for s in range(11)} | {(1, s) for s in range(5)} == runs
+            assert {w["world"] for w in rows} == {8}
+            assert {w["node"] for w in rows if w["run"] == 1} == {"n0", "n2", "n3", "n4"}
     run(scenario)
 
 
