@@ -117,7 +117,7 @@ class WindowFrame:
                         mask |= THROTTLE_BIT[reason]
                     throttle[i] = mask
             hosts.append(_HOST_NONE if r.host is None else _host(r.host))
-            envs.append(_ENV_NONE if r.env is None else _env(r.env))
+            envs.append(_ENV_NONE if r.env is None else env_values(r.env))
             for c in r.collectives or ():
                 per_group.setdefault(c.group, []).append(c.ms / span.steps)
         # None -> NaN: the wire contract's "not measured".
@@ -129,7 +129,7 @@ class WindowFrame:
         telemetry = {column: telemetry[column] for column in TELEMETRY_COLUMNS}
         island, island_names = _codes(islands)
         node, node_names = _codes(nodes)
-        env = {attr: _codes([e[k] for e in envs]) for k, attr in enumerate(_ENV_FIELDS)}
+        env = {attr: _codes([e[k] for e in envs]) for k, attr in enumerate(ENV_FIELDS)}
         busy_p50, step_p50 = _columns(p50, np.float64)
         collectives = {group: float(np.median(v)) for group, v in per_group.items()}
         return cls(
@@ -162,15 +162,15 @@ class WindowFrame:
 
 _GPU_COLUMNS = tuple(column for column, (block, _) in TELEMETRY_COLUMNS.items() if block == "gpu")
 _HOST_COLUMNS = tuple(column for column, (block, _) in TELEMETRY_COLUMNS.items() if block == "host")
-_ENV_FIELDS = ("driver", "comm_lib", "torch", "config")
+ENV_FIELDS = ("driver", "comm_lib", "torch", "config")
 _gpu = attrgetter(*(TELEMETRY_COLUMNS[c][1] for c in _GPU_COLUMNS))
 _host = attrgetter(*(TELEMETRY_COLUMNS[c][1] for c in _HOST_COLUMNS))
-_env = attrgetter(*_ENV_FIELDS)
+env_values = attrgetter(*ENV_FIELDS)
 _times = attrgetter("busy", "step", "comm_wait", "compute", "data")
 _span = attrgetter("t0", "t1", "steps", "first_step")
 _GPU_NONE = (None,) * len(_GPU_COLUMNS)
 _HOST_NONE = (None,) * len(_HOST_COLUMNS)
-_ENV_NONE = (None,) * len(_ENV_FIELDS)
+_ENV_NONE = (None,) * len(ENV_FIELDS)
 _P50_NONE = (None, None)
 
 

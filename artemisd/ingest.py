@@ -38,20 +38,11 @@ from artemisd.wire import (
     MAX_STEPS,
     MAX_TEXT,
     THROTTLE_REASONS,
-    Collective,
-    Device,
-    EnvFingerprint,
-    GpuTelemetry,
-    HostTelemetry,
     NodeEvent,
-    P2PTiming,
-    ProbeResult,
     Record,
     ReportError,
-    StepTimes,
     ThrottleReason,
     WindowReport,
-    WindowSpan,
     parse_record,
 )
 
@@ -193,7 +184,7 @@ def claim_problem(rec: WindowReport | NodeEvent, info: JobInfo) -> str | None:
         if not info.nodes:
             return f"node: job {info.job_id} has no nodes allocated (state {info.state})"
         return f"node: {rec.node} is not in job {info.job_id}'s allocation {collect_hostlist(info.nodes)}"
-    if type(rec) is WindowReport:
+    if rec.type == "window":
         limit = info.max_world
         if limit is not None and rec.world > limit:
             return (f"world: {rec.world} is more ranks than job {info.job_id} can run "
@@ -254,17 +245,21 @@ def ownership_problem(rec: WindowReport | NodeEvent, principal: Principal,
 
 # --- the fast path: a clean array of window reports -------------------------
 #
-# Validating every report through the pydantic models costs ~50 us each, so a
-# 100k-rank window cost seconds of CPU before any analysis.  msgspec decodes and
-# checks the per-field bounds straight from the bytes (C, no intermediate
-# dicts); the cross-field rules are one Python loop; the records are then built
-# as the very same frozen pydantic objects without running their validators
-# again.  The fast path is a strict subset of the wire models: it accepts only
-# window reports without unknown fields, with every value of the exact JSON
-# type (a job id as a number, an integer written 3.0, an unknown field: all
-# valid, all left to the careful path).  Anything it does not accept goes, as a
-# whole body, through ``decode_body`` + ``validate``, which keep naming every
-# bad item's field and reason as before.
+# Validating every report through the pydantic models cost ~50 us each, and
+# building even unvalidated pydantic objects ~18 us (a report is up to eight
+# models), so a 100k-rank window cost seconds of CPU before any analysis.
+# msgspec decodes and checks the per-field bounds straight from the bytes into
+# frozen Structs (C, no intermediate dicts); the cross-field rules are one
+# Python loop; and the Structs themselves are the records the daemon keeps and
+# analyses: they have the wire models' fields, names and values (the careful
+# path's records and these are read the same way, by attribute; ``rec.type``
+# tells a window report from a node event on both).  The fast path is a strict
+# subset of the wire models: it accepts only window reports without unknown
+# fields, with every value of the exact JSON type (a job id as a number, an
+# integer written 3.0, an unknown field: all valid, all left to the careful
+# path).  Anything it does not accept goes, as a whole body, through
+# ``decode_body`` + ``validate``, which keep naming every bad item's field and
+# reason as before.
 
 _FLOAT_MAX = sys.float_info.max
 # Finite: a value beyond float range or NaN never reaches a model (the parser
@@ -278,7 +273,11 @@ _Id = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
 _Pct = Annotated[float, Meta(ge=0, le=100)]
 
 
-class _Fast(msgspec.Struct, forbid_unknown_fields=True):
+class _Fast(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True, gc=False):
+    # frozen: values, as the wire models are.  omit_defaults: encoded without
+    # the fields left unmeasured (None), as ``dump_record`` writes a model.
+    # gc=False: a record holds only scalars, strings and other records, never a
+    # cycle, and a 100k-rank window is 500k objects the collector need not track.
     # kw_only below: fields in the wire models' order (a required one may follow a default)
     pass
 
@@ -360,7 +359,7 @@ class _Probe(_Fast):
     cost_ms: _NonNegative | None = None
 
 
-class _WindowReport(_Fast, kw_only=True):
+class FastReport(_Fast, kw_only=True):
     type: Literal["window"]
     v: Literal[1]
     job: _Id
@@ -383,52 +382,12 @@ class _WindowReport(_Fast, kw_only=True):
     rebalance_opt_in: bool | None = None
 
 
-_FAST_BATCH = msgspec.json.Decoder(Annotated[list[_WindowReport], Meta(max_length=MAX_ITEMS_PER_REQUEST)])
-_set = object.__setattr__
-_asdict = msgspec.structs.asdict
-_astuple = msgspec.structs.astuple
+_FAST_BATCH = msgspec.json.Decoder(Annotated[list[FastReport], Meta(max_length=MAX_ITEMS_PER_REQUEST)])
 
 
-def _model(cls: type, values: dict[str, Any]) -> Any:
-    """A wire model holding ``values`` (every field, each already checked against every bound of
-    ``cls``), built as pydantic builds a validated one, without running its validators again."""
-    obj = cls.__new__(cls)
-    _set(obj, "__dict__", values)
-    _set(obj, "__pydantic_fields_set__", _FIELDS[cls].copy())
-    _set(obj, "__pydantic_extra__", None)
-    _set(obj, "__pydantic_private__", None)
-    return obj
-
-
-_FIELDS = {cls: set(cls.model_fields) for cls in (Device, WindowSpan, StepTimes, Collective, GpuTelemetry,
-                                                   HostTelemetry, EnvFingerprint, P2PTiming, ProbeResult,
-                                                   WindowReport)}
-
-
-def _optional(cls: type, struct: Any) -> Any:
-    return None if struct is None else _model(cls, _asdict(struct))
-
-
-_ENVS: dict[tuple, EnvFingerprint] = {}
-_ENVS_KEPT = 4096  # distinct fingerprints remembered; the senders choose them
-
-
-def _env(struct: _Env | None) -> EnvFingerprint | None:
-    """One EnvFingerprint per distinct fingerprint: every rank of a job sends the same one, and the
-    models are frozen values, so they share it instead of building one per report."""
-    if struct is None:
-        return None
-    key = _astuple(struct)
-    env = _ENVS.get(key)
-    if env is None:
-        if len(_ENVS) >= _ENVS_KEPT:
-            _ENVS.clear()
-        env = _ENVS[key] = _model(EnvFingerprint, _asdict(struct))
-    return env
-
-
-def _window_report(raw: _WindowReport, max_world: int) -> WindowReport | None:
-    """The report, or None where a cross-field rule of the wire models refuses it (the careful path says why)."""
+def _window_report(raw: FastReport, max_world: int) -> FastReport | None:
+    """The report (``busy`` derived where it was left out), or None where a cross-field rule of the
+    wire models refuses it (the careful path says why)."""
     ms = raw.ms
     busy = ms.busy
     if busy is None:
@@ -443,27 +402,16 @@ def _window_report(raw: _WindowReport, max_world: int) -> WindowReport | None:
     span = raw.window
     if span.t1 < span.t0 or raw.rank >= raw.world or raw.world > max_world:
         return None
-    values = _asdict(raw)
-    values["window"] = _model(WindowSpan, _asdict(span))
-    times = _asdict(ms)
-    times["busy"] = busy
-    values["ms"] = _model(StepTimes, times)
-    values["device"] = _optional(Device, raw.device)
-    if raw.collectives is not None:
-        values["collectives"] = tuple(_model(Collective, _asdict(c)) for c in raw.collectives)
-    values["gpu"] = _optional(GpuTelemetry, raw.gpu)
-    values["host"] = _optional(HostTelemetry, raw.host)
-    values["env"] = _env(raw.env)
-    if raw.probe is not None:
-        probe = _asdict(raw.probe)
-        probe["p2p"] = tuple(_model(P2PTiming, _asdict(p)) for p in raw.probe.p2p)
-        values["probe"] = _model(ProbeResult, probe)
-    return _model(WindowReport, values)
+    if ms.busy is None:
+        # Derived once, on the way in, as StepTimes derives it: nobody else holds the record yet.
+        msgspec.structs.force_setattr(ms, "busy", busy)
+    return raw
 
 
 def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD,
-                 texts: list[str] | None = None) -> list[tuple[int, WindowReport]] | None:
-    """A JSON array of valid window reports -> [(index, record)], as ``validate(decode_body(body))`` gives them.
+                 texts: list[str] | None = None) -> list[tuple[int, FastReport]] | None:
+    """A JSON array of valid window reports -> [(index, record)]: the records ``validate(decode_body(body))``
+    gives, field for field, as ``FastReport`` Structs.
 
     None when the body is anything else (JSON Lines, a node event, an unknown
     field, an item that breaks a bound): the caller takes the careful path,
@@ -478,7 +426,7 @@ def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD,
         raws = _FAST_BATCH.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    out: list[tuple[int, WindowReport]] = []
+    out: list[tuple[int, FastReport]] = []
     for index, raw in enumerate(raws):
         rec = _window_report(raw, max_world)
         if rec is None:

@@ -54,7 +54,7 @@ from artemisd.baseline import JobHistory, JobSummary, RankBaseline, RankHistory,
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import (Persistence, ProbeJudgement, Verdict, agree_on_link, ask_again_about_link, judge_probe,
                               take_probe_verdict)
-from artemisd.frame import WindowFrame
+from artemisd.frame import ENV_FIELDS, WindowFrame, env_values
 from artemisd.incident import Evidence, Incident, IncidentKind, IncidentState, Recurrence
 from artemisd.localize import (Diagnosis, IslandPeers, diagnose_change, diagnose_job, diagnose_straggler,
                                own_history_evidence, straggler_measures)
@@ -268,7 +268,7 @@ class Analyzer:
         return state
 
     def _job(self, report: WindowReport) -> _JobState:
-        state = self._jobs.get(report.job_key)
+        state = self._jobs.get((report.job, report.step))
         if state is None:
             state = self._new_job(report.job, report.step, report.world)
         return state
@@ -311,8 +311,9 @@ class Analyzer:
                 if r.probe is not None:
                     probes.setdefault(r.probe.id, {})[r.rank] = r.probe
                 if r.env is not None:
-                    # vars(): the model's own fields (all plain strings), without a serializer pass per rank
-                    state.env.update({k: v for k, v in vars(r.env).items() if v is not None})
+                    # the fingerprint's own fields (all plain strings), read by attribute: a wire model
+                    # or the ingest fast path's Struct, without a serializer pass per rank
+                    state.env.update({k: v for k, v in zip(ENV_FIELDS, env_values(r.env)) if v is not None})
             reports.sort(key=lambda r: r.rank)
             updates.extend(self._analyze(state, WindowFrame.from_reports(reports), probes))
         return updates

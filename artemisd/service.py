@@ -45,7 +45,7 @@ from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.store import ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, open_store
 from artemisd.ingest import IngestResult
 from artemisd.lease import LEADER, Fenced, Lease
-from artemisd.wire import NodeEvent, ReportError, WindowReport, parse_record
+from artemisd.wire import NodeEvent, ReportError, WindowReport, dump_record, parse_record, with_step
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
@@ -184,7 +184,7 @@ class Daemon:
                 try:
                     if record is None:
                         record = parse_record(json.loads(rec.body), context=context)
-                    if type(record) is WindowReport:
+                    if record.type == "window":
                         self._seed_run(record)
                     self._remember(record)
                     for update in self.analyzer.ingest(record):
@@ -369,13 +369,13 @@ class Daemon:
                 continue
             try:
                 sent = rec
-                if type(rec) is WindowReport:
+                if rec.type == "window":
                     rec = self._run_of(rec)
-                body = texts[index] if texts is not None and rec is sent else rec.model_dump_json(exclude_none=True)
+                body = texts[index] if texts is not None and rec is sent else dump_record(rec)
             except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
                 result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
                 continue
-            if type(rec) is WindowReport:
+            if rec.type == "window":
                 rows.append((rec.job, rec.window.seq, rec.node, now, principal.uid, principal.root_side, body))
             else:
                 rows.append((rec.job, None, rec.node, now, principal.uid, principal.root_side, body))
@@ -392,7 +392,7 @@ class Daemon:
                 if type(rec) is NodeEvent and principal.root_side:
                     self.store.set_node_evidence(rec.node, now, principal.uid, row[-1])
                 self._remember(rec)
-                if isinstance(rec, WindowReport):
+                if rec.type == "window":
                     steps.add((rec.job, split_run(rec.step)[0]))
                     if rec.probe is not None:
                         self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
@@ -466,7 +466,7 @@ class Daemon:
         old_key = run_key(base, run.number)
         if run.place(rec.rank, rec.window.seq):
             self._restarted(rec.job, old_key, run_key(base, run.number))
-        return rec if run.number == 0 else rec.model_copy(update={"step": run_key(base, run.number)})
+        return rec if run.number == 0 else with_step(rec, run_key(base, run.number))
 
     def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
         if (job, base) not in self._runs:
@@ -494,7 +494,7 @@ class Daemon:
         return run_key(base, 0 if run is None else run.number)
 
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
-        if isinstance(rec, WindowReport):
+        if rec.type == "window":
             gpu = rec.device.index if rec.device is not None else None
             self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
             self._steps[rec.job] = rec.step
@@ -530,7 +530,7 @@ class Daemon:
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept
         for rec in kept:
-            if isinstance(rec, WindowReport) and rec.rank == 0:
+            if rec.type == "window" and rec.rank == 0:
                 count = self._window_count[rec.job] = self._window_count.get(rec.job, 0) + 1
                 if count % max(1, keep // 4) == 0:
                     self.store.prune_records(rec.job, keep)

@@ -3,6 +3,12 @@
 One JSON object per rank per window (``type: "window"``) or per node event
 (``type: "node"``).  A trace file is JSON Lines of both, in arrival order.
 
+The daemon's hot path holds a window report it took whole through the ingest
+fast path as that path's frozen msgspec Struct (``ingest.FastReport``) instead
+of a ``WindowReport``: the same fields, names and values, read by attribute;
+``record.type`` tells a window report from a node event either way, and
+``dump_record`` / ``with_step`` take both.
+
 Rules the models enforce, because tools outside this repository rely on them:
 
 * Times in ``ms`` are per-step means over the window, in milliseconds;
@@ -33,6 +39,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
+
+import msgspec
 
 from pydantic import (
     BaseModel,
@@ -422,5 +430,14 @@ class TraceReader:
 
 
 def dump_record(record: WindowReport | NodeEvent) -> str:
-    """One JSON line, omitting fields that were not measured."""
-    return record.model_dump_json(exclude_none=True)
+    """One JSON line, omitting fields that were not measured (a wire model, or the ingest fast path's Struct)."""
+    if isinstance(record, BaseModel):
+        return record.model_dump_json(exclude_none=True)
+    return msgspec.json.encode(record).decode()
+
+
+def with_step(record: WindowReport, step: str) -> WindowReport:
+    """The same window report under another step key (a wire model, or the ingest fast path's Struct)."""
+    if isinstance(record, BaseModel):
+        return record.model_copy(update={"step": step})
+    return msgspec.structs.replace(record, step=step)

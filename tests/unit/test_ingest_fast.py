@@ -1,7 +1,9 @@
 """The ingest fast path (``ingest.fast_records``) against the careful path it stands in for.
 
 ``fast_records`` may only ever say what ``validate(decode_body(body))`` says
-with nothing rejected: the same records (type, value, stored JSON, repr).
+with nothing rejected: the same records, field for field (name, value and
+type of every value), and an encoding that parses back to the careful path's
+record.
 Every body it does not take (None) goes through the careful path, which names
 each bad item's field and reason.  So the properties checked here are:
 
@@ -27,12 +29,13 @@ import random
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from artemisd.frame import TELEMETRY_COLUMNS, THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
-from artemisd.ingest import IngestError, decode_body, fast_records, validate
+from artemisd.ingest import FastReport, IngestError, decode_body, fast_records, validate
 from artemisd.sim.fleet import simulate_records, single_job
 from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec
-from artemisd.wire import DEFAULT_MAX_WORLD, MAX_ID, WindowReport, parse_record
+from artemisd.wire import DEFAULT_MAX_WORLD, MAX_ID, WindowReport, dump_record, parse_record, with_step
 from tests.unit.test_ingest_fuzz import KINDS, TEMPLATE, hostile
 
 
@@ -50,13 +53,28 @@ def assert_same(fast, slow) -> None:
     assert rejected == []
     assert [i for i, _ in fast] == [i for i, _ in records]
     for (_, a), (_, b) in zip(fast, records):
-        assert type(a) is WindowReport and type(b) is WindowReport
-        assert a == b
-        assert a.model_dump_json(exclude_none=True) == b.model_dump_json(exclude_none=True)
-        assert a.model_dump() == b.model_dump()
-        assert repr(a) == repr(b)
-        for block in ("window", "ms", "device", "gpu", "host", "env", "probe"):
-            assert type(getattr(a, block)) is type(getattr(b, block))
+        assert type(a) is FastReport and type(b) is WindowReport
+        assert_same_record(a, b)
+
+
+def assert_same_record(fast, model, path: str = "") -> None:
+    """Every field of the wire model ``model`` reads the same on ``fast`` (value and type, block by
+    block), and ``fast`` encoded parses back to ``model``: what the daemon reads by attribute and what
+    it stores are the careful path's."""
+    for name in type(model).model_fields:
+        a, b = getattr(fast, name), getattr(model, name)
+        where = f"{path}{name}"
+        if isinstance(b, BaseModel):
+            assert a is not None, where
+            assert_same_record(a, b, f"{where}.")
+        elif isinstance(b, tuple) and b and isinstance(b[0], BaseModel):
+            assert type(a) is tuple and len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                assert_same_record(x, y, f"{where}.{i}.")
+        else:
+            assert a == b and type(a) is type(b), (where, a, b)
+    if not path:
+        assert parse_record(json.loads(dump_record(fast)), context={"max_world": model.world}) == model
 
 
 def sim_windows(seed: int, ranks: int = 24) -> list[list[dict]]:
@@ -263,7 +281,16 @@ def test_the_items_own_text_parses_back_to_the_record_the_fast_path_made():
     records = fast_records(body, texts=texts)
     assert len(texts) == len(records) == len(window)
     for text, (_, rec) in zip(texts, records):
-        assert parse_record(json.loads(text)) == rec
+        assert_same_record(rec, parse_record(json.loads(text)))
+
+
+def test_a_fast_record_under_another_step_is_the_careful_ones_under_it():
+    body = json.dumps(sim_windows(3)[-1]).encode()
+    fast, (records, _) = fast_records(body), careful(body)
+    for (_, a), (_, b) in zip(fast, records):
+        moved = with_step(a, "0~1")
+        assert type(moved) is FastReport and a.step == "0"
+        assert_same_record(moved, with_step(b, "0~1"))
 
 
 def test_the_fast_schema_names_exactly_the_wire_models_fields():
@@ -273,7 +300,7 @@ def test_the_fast_schema_names_exactly_the_wire_models_fields():
 
     from artemisd import ingest, wire
 
-    pairs = {"_WindowReport": wire.WindowReport, "_Device": wire.Device, "_WindowSpan": wire.WindowSpan,
+    pairs = {"FastReport": wire.WindowReport, "_Device": wire.Device, "_WindowSpan": wire.WindowSpan,
              "_StepTimes": wire.StepTimes, "_Collective": wire.Collective, "_Gpu": wire.GpuTelemetry,
              "_Host": wire.HostTelemetry, "_Env": wire.EnvFingerprint, "_P2P": wire.P2PTiming,
              "_Probe": wire.ProbeResult}
