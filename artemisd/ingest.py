@@ -408,8 +408,7 @@ def _window_report(raw: FastReport, max_world: int) -> FastReport | None:
     return raw
 
 
-def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD,
-                 texts: list[str] | None = None) -> list[tuple[int, FastReport]] | None:
+def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD) -> list[tuple[int, FastReport]] | None:
     """A JSON array of valid window reports -> [(index, record)]: the records ``validate(decode_body(body))``
     gives, field for field, as ``FastReport`` Structs.
 
@@ -417,10 +416,9 @@ def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD,
     field, an item that breaks a bound): the caller takes the careful path,
     which names each bad item's field and reason.
 
-    ``texts``: also receives each item's own JSON text, in order.  The fast
-    path takes no unknown field and checks every value, so that text is the
-    record and nothing else, and parses back to it (``parse_record``): the
-    daemon can store it as is instead of encoding the record again.
+    The fast path takes no unknown field and checks every value, so each item
+    of a body it took is the record and nothing else, and parses back to it
+    (``parse_record``): the daemon stores the body as it came (``Daemon.accept``).
     """
     try:
         raws = _FAST_BATCH.decode(body)
@@ -432,9 +430,4 @@ def fast_records(body: bytes, max_world: int = DEFAULT_MAX_WORLD,
         if rec is None:
             return None
         out.append((index, rec))
-    if texts is not None:
-        texts.extend(bytes(item).decode() for item in _ITEM_TEXTS.decode(body))
     return out
-
-
-_ITEM_TEXTS = msgspec.json.Decoder(list[msgspec.Raw])

@@ -10,11 +10,13 @@ from that key, so none of them re-derives a restart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 RUN_SEP = "~"
 RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
 
 
+@lru_cache(maxsize=4096)  # called per report; a job has a handful of step keys (and the cache is bounded)
 def split_run(step: str) -> tuple[str, int]:
     """``"0~1"`` -> ``("0", 1)``; a plain step name is its first run."""
     base, _, run = step.partition(RUN_SEP)

@@ -160,10 +160,9 @@ async def post_reports(request: web.Request) -> web.Response:
     async with signed_body(request) as (principal, body):
         # The common body (a clean array of window reports) in one fast pass; any
         # other body item by item, naming each bad item's field and reason.
-        texts: list[str] = []
-        records, rejected = fast_records(body, daemon.config.daemon.max_world, texts), []
+        records, rejected = fast_records(body, daemon.config.daemon.max_world), []
+        fast_body = body if records is not None else None
         if records is None:
-            texts = None
             try:
                 items = decode_body(body)
             except IngestError as err:
@@ -171,7 +170,7 @@ async def post_reports(request: web.Request) -> web.Response:
             records, rejected = daemon.validate(items)
         jobs = await daemon.check_jobs(principal, records)
         try:
-            result = daemon.accept(records, principal, jobs, rejected, texts)
+            result = daemon.accept(records, principal, jobs, rejected, fast_body)
         except StoreUnavailable as err:
             log.warning("reports refused for a retry", error=str(err))
             return web.json_response({"error": str(err)}, status=503, headers={"Retry-After": str(STORE_RETRY_S)})

@@ -42,7 +42,8 @@ from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.runs import JobRun, run_key, split_run
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.store import ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, open_store
+from artemisd.store import (ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, batch_items,
+                            open_store)
 from artemisd.ingest import IngestResult
 from artemisd.lease import LEADER, Fenced, Lease
 from artemisd.wire import NodeEvent, ReportError, WindowReport, dump_record, parse_record, with_step
@@ -177,13 +178,14 @@ class Daemon:
         self._restoring = True
         fed = 0
         bad: list[tuple[int, str]] = []
+        bad_items: list[tuple[int, int, str]] = []
         context = self._context()
         try:
-            for rec, record in self._decoded(records, context):
+            for rec, item, text, record in self._decoded(records, context):
                 self._fed_seq = max(self._fed_seq, rec.seq)
                 try:
                     if record is None:
-                        record = parse_record(json.loads(rec.body), context=context)
+                        record = parse_record(json.loads(text), context=context)
                     if record.type == "window":
                         self._seed_run(record)
                     self._remember(record)
@@ -191,39 +193,72 @@ class Daemon:
                         if update.id not in self._bound:
                             self._bind_restored(update, stored_incidents())
                     fed += 1
-                except ReportError as err:
-                    bad.append((rec.seq, f"restore: {err}"))
                 except Exception as err:  # noqa: BLE001 - stored data must never stop a start
-                    bad.append((rec.seq, f"restore: {self._unforeseen('restoring', err)}"))
+                    reason = f"restore: {err}" if isinstance(err, ReportError) else \
+                        f"restore: {self._unforeseen('restoring', err)}"
+                    if item is None:
+                        bad.append((rec.seq, reason))
+                    else:
+                        bad_items.append((rec.seq, item, reason))
             self.analyzer.pending_probes()  # the leader issued (or refused) them already
         finally:
             self._restoring = False
-        if bad:
-            self.store.quarantine(bad, self.clock())
-            self.metrics.quarantined.inc(len(bad))
-            log.warning("stored records skipped and quarantined", count=len(bad), first=bad[0][1][:300])
-        return fed, len(bad), len(self._bound) - bound_before
+        if bad or bad_items:
+            moved = self.store.quarantine(bad, self.clock()) + self.store.quarantine_items(bad_items, self.clock())
+            self.metrics.quarantined.inc(moved)
+            log.warning("stored records skipped and quarantined", count=len(bad) + len(bad_items),
+                        first=(bad or bad_items)[0][-1][:300])
+        return fed, len(bad) + len(bad_items), len(self._bound) - bound_before
 
     def _decoded(self, records: Iterable[StoredRecord], context: dict[str, Any]
-                 ) -> Iterator[tuple[StoredRecord, WindowReport | None]]:
-        """Stored records with their window reports decoded in pages through the ingest fast path.
+                 ) -> Iterator[tuple[StoredRecord, int | None, str, WindowReport | None]]:
+        """Stored rows -> (row, item or None for a one-record row, the record's text, the record or None).
 
-        A page the fast path does not take whole (a node event, a record out of
-        today's bounds) is tried again in small pieces; what is left comes with
-        None and goes the careful way, one record at a time, so a bad record is
-        still named and quarantined alone.
+        One-record rows are decoded in pages through the ingest fast path; a
+        batch row in one call (it is the body the fast path once took).  A page
+        or batch the fast path does not take whole (a node event, a record out of
+        today's bounds) is tried again in smaller pieces; what is left comes
+        with None and goes the careful way, one record at a time, so a bad
+        record is still named and quarantined alone.
         """
+        max_world = context["max_world"]
         page: list[StoredRecord] = []
         for rec in records:
+            if rec.items:
+                yield from self._decode_page(page, max_world)
+                page = []
+                yield from self._decode_batch(rec, max_world)
+                continue
             page.append(rec)
             if len(page) == REPLAY_PAGE:
-                yield from self._decode_page(page, context["max_world"])
+                yield from self._decode_page(page, max_world)
                 page = []
-        yield from self._decode_page(page, context["max_world"])
+        yield from self._decode_page(page, max_world)
+
+    @staticmethod
+    def _decode_batch(rec: StoredRecord, max_world: int
+                      ) -> Iterator[tuple[StoredRecord, int | None, str, WindowReport | None]]:
+        try:
+            fast = ingest.fast_records(rec.body.encode(), max_world)
+        except Exception:  # noqa: BLE001 - e.g. a body that is not valid UTF-8: the careful way names it
+            fast = None
+        if fast is not None and len(fast) == rec.items:
+            yield from ((rec, i, "", record) for i, record in fast if i not in rec.skipped)
+            return
+        try:
+            texts = batch_items(rec.body)
+        except ValueError:
+            yield rec, None, rec.body, None  # not an array: the careful way refuses (and quarantines) the row
+            return
+        pieces = [StoredRecord(rec.seq, rec.received, rec.uid, rec.root, text)
+                  for i, text in enumerate(texts) if i not in rec.skipped]
+        items = [i for i in range(len(texts)) if i not in rec.skipped]
+        for item, (_, _, text, record) in zip(items, Daemon._decode_page(pieces, max_world, REPLAY_PIECE)):
+            yield rec, item, text, record
 
     @staticmethod
     def _decode_page(page: list[StoredRecord], max_world: int, piece: int = REPLAY_PAGE
-                     ) -> Iterator[tuple[StoredRecord, WindowReport | None]]:
+                     ) -> Iterator[tuple[StoredRecord, int | None, str, WindowReport | None]]:
         for start in range(0, len(page), piece):
             part = page[start:start + piece]
             try:
@@ -231,11 +266,11 @@ class Daemon:
             except Exception:  # noqa: BLE001 - e.g. a body that is not valid UTF-8: the careful way names it
                 fast = None
             if fast is not None and len(fast) == len(part):
-                yield from zip(part, (record for _, record in fast))
+                yield from ((rec, None, rec.body, record) for rec, (_, record) in zip(part, fast))
             elif piece > REPLAY_PIECE:
                 yield from Daemon._decode_page(part, max_world, REPLAY_PIECE)
             else:
-                yield from ((rec, None) for rec in part)
+                yield from ((rec, None, rec.body, None) for rec in part)
 
     def _context(self) -> dict[str, Any]:
         return {"max_world": self.config.daemon.max_world}
@@ -341,12 +376,15 @@ class Daemon:
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                jobs: dict[str, JobInfo | None | SlurmError] | None = None,
-               rejected: list[dict[str, Any]] | None = None, texts: list[str] | None = None) -> IngestResult:
+               rejected: list[dict[str, Any]] | None = None, body: bytes | None = None) -> IngestResult:
         """Store and analyze validated records.
 
-        ``texts`` (from ``ingest.fast_records``): item i's own JSON text, stored
-        as is for a record kept as it came (no encoding pass per record); a
-        record re-keyed to a new run is encoded again.
+        ``body``: the request body, where ``ingest.fast_records`` took it whole
+        (so it is a JSON array of exactly these records, each item the record
+        and nothing else).  Its window reports are stored as *batch rows*: the
+        reports of one job and window as the sender wrote them, one row for all
+        of them (the body itself where it is one such batch, no encoding or
+        splitting pass); a record re-keyed to a new run is encoded again.
 
         Each record is stored, then analysed, under a last-resort guard: an
         unforeseen failure refuses that record alone (its reason in the reply,
@@ -359,8 +397,7 @@ class Daemon:
         """
         now = self.clock()
         result = IngestResult(rejected=list(rejected or []))
-        rows = []
-        kept: list[tuple[int, WindowReport | NodeEvent]] = []
+        kept: list[tuple[int, WindowReport | NodeEvent, bool]] = []
         jobs = jobs or {}
         for index, rec in records:
             problem = None if principal.root_side else ingest.ownership_problem(rec, principal, jobs)
@@ -371,44 +408,35 @@ class Daemon:
                 sent = rec
                 if rec.type == "window":
                     rec = self._run_of(rec)
-                body = texts[index] if texts is not None and rec is sent else dump_record(rec)
             except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
                 result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
                 continue
-            if rec.type == "window":
-                rows.append((rec.job, rec.window.seq, rec.node, now, principal.uid, principal.root_side, body))
-            else:
-                rows.append((rec.job, None, rec.node, now, principal.uid, principal.root_side, body))
-            kept.append((index, rec))
-        seqs = self._store_rows(rows, kept, result)
+            kept.append((index, rec, body is not None and rec is sent))
+        rows, places = self._rows(kept, len(records), body, now, principal, result)
+        seqs = self._store_rows(rows, places, result)
         self._fed_seq = max([self._fed_seq, *(seq for seq in seqs if seq is not None)])
         steps: set[tuple[str, str]] = set()
         analysed: list[WindowReport | NodeEvent] = []
         failed: list[tuple[int, str]] = []
-        for (index, rec), seq, row in zip(kept, seqs, rows):
+        failed_items: list[tuple[int, int, str]] = []
+        for row, seq, members in zip(rows, seqs, places):
             if seq is None:
                 continue
-            try:
-                if type(rec) is NodeEvent and principal.root_side:
-                    self.store.set_node_evidence(rec.node, now, principal.uid, row[-1])
-                self._remember(rec)
-                if rec.type == "window":
-                    steps.add((rec.job, split_run(rec.step)[0]))
-                    if rec.probe is not None:
-                        self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
-                        if rec.probe.cost_ms:
-                            self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
-                for update in self.analyzer.ingest(rec):
-                    self._publish(update, now)
-            except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
-                reason = self._unforeseen("analysing", err)
-                failed.append((seq, reason))
-                result.rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
-                continue
-            analysed.append(rec)
-        if failed:
-            self.store.quarantine(failed, now)
-            self.metrics.quarantined.inc(len(failed))
+            for item, (index, rec) in enumerate(members):
+                try:
+                    self._analyse(rec, principal, now, row[6], steps)
+                except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
+                    reason = self._unforeseen("analysing", err)
+                    if row[7]:
+                        failed_items.append((seq, item, reason))
+                    else:
+                        failed.append((seq, reason))
+                    result.rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
+                    continue
+                analysed.append(rec)
+        if failed or failed_items:
+            moved = self.store.quarantine(failed, now) + self.store.quarantine_items(failed_items, now)
+            self.metrics.quarantined.inc(moved)
         result.accepted = len(analysed)
         self.metrics.reports.labels("accepted").inc(len(analysed))
         self.metrics.reports.labels("rejected").inc(len(result.rejected))
@@ -429,7 +457,75 @@ class Daemon:
                 self._unforeseen("reading the directives of", err)
         return result
 
-    def _store_rows(self, rows: list[tuple], kept: list[tuple[int, WindowReport | NodeEvent]],
+    def _analyse(self, rec: WindowReport | NodeEvent, principal: Principal, now: float, text: str,
+                 steps: set[tuple[str, str]]) -> None:
+        """One stored record to the analyzer (and a root-side node event, ``text``, to the node's evidence)."""
+        if type(rec) is NodeEvent and principal.root_side:
+            self.store.set_node_evidence(rec.node, now, principal.uid, text)
+        self._remember(rec)
+        if rec.type == "window":
+            steps.add((rec.job, split_run(rec.step)[0]))
+            if rec.probe is not None:
+                self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
+                if rec.probe.cost_ms:
+                    self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
+        for update in self.analyzer.ingest(rec):
+            self._publish(update, now)
+
+    def _rows(self, kept: list[tuple[int, WindowReport | NodeEvent, bool]], sent: int, body: bytes | None,
+              now: float, principal: Principal, result: IngestResult
+              ) -> tuple[list[tuple], list[list[tuple[int, WindowReport | NodeEvent]]]]:
+        """The rows that store ``kept``, and each row's records in order.
+
+        A run of window reports kept as sent, of one job and window, is one
+        batch row (``items`` n): the body itself where it is all of them, else
+        their own texts joined.  Any other record is a row of its own.
+        """
+        rows: list[tuple] = []
+        places: list[list[tuple[int, WindowReport | NodeEvent]]] = []
+        if body is not None and len(kept) == sent and len({(r.job, r.window.seq) for _, r, _ in kept}) == 1 \
+                and all(as_sent for _, _, as_sent in kept):
+            # The common body (a window, or a node's share of it, posted whole): the body is the row.
+            rec = kept[0][1]
+            nodes = {r.node for _, r, _ in kept}
+            rows.append((rec.job, rec.window.seq, nodes.pop() if len(nodes) == 1 else None, now, principal.uid,
+                         principal.root_side, body.decode(), sent))
+            places.append([(index, r) for index, r, _ in kept])
+            return rows, places
+        texts: list[str] | None = None
+        i = 0
+        while i < len(kept):
+            index, rec, as_sent = kept[i]
+            if as_sent:
+                j = i + 1
+                while j < len(kept) and kept[j][2] and kept[j][1].job == rec.job \
+                        and kept[j][1].window.seq == rec.window.seq:
+                    j += 1
+                members = [(index, r) for index, r, _ in kept[i:j]]
+                nodes = {r.node for _, r in members}
+                if j - i == sent:
+                    text = body.decode()  # type: ignore[union-attr]
+                else:
+                    texts = texts if texts is not None else batch_items(body)  # type: ignore[arg-type]
+                    text = "[" + ",".join(texts[index] for index, _ in members) + "]"
+                rows.append((rec.job, rec.window.seq, nodes.pop() if len(nodes) == 1 else None, now,
+                             principal.uid, principal.root_side, text, j - i))
+                places.append(members)
+                i = j
+                continue
+            try:
+                text = dump_record(rec)
+            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
+                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                i += 1
+                continue
+            window = rec.window.seq if rec.type == "window" else None
+            rows.append((rec.job, window, rec.node, now, principal.uid, principal.root_side, text, 0))
+            places.append([(index, rec)])
+            i += 1
+        return rows, places
+
+    def _store_rows(self, rows: list[tuple], places: list[list[tuple[int, WindowReport | NodeEvent]]],
                     result: IngestResult) -> list[int | None]:
         """One transaction for the batch; if it fails, row by row, refusing only the rows that fail."""
         if not rows:
@@ -443,11 +539,12 @@ class Daemon:
                 raise StoreUnavailable(f"state database unavailable: {err}") from err
             self._unforeseen("storing", err)
         seqs: list[int | None] = []
-        for row, (index, _) in zip(rows, kept):
+        for row, members in zip(rows, places):
             try:
                 seqs.extend(self.store.add_records([row]))
             except Exception as err:  # noqa: BLE001 - that row alone is refused
-                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                reason = self._unforeseen("storing", err)
+                result.rejected.extend({"index": index, "error": reason} for index, _ in members)
                 seqs.append(None)
         return seqs
 

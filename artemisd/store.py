@@ -3,7 +3,11 @@
 What is kept, and why it is enough to survive ``kill -9``:
 
 * ``records``: every accepted window report and node event, in arrival order,
-  bounded to the last ``HistoryWindowsKept`` windows per job.  On restart the
+  bounded to the last ``HistoryWindowsKept`` windows per job.  A row holds
+  one record (``items`` 0), or a *batch* (``items`` n): a JSON array of the n
+  window reports of one job and window that one request brought, stored as
+  the sender wrote them in one row (a 100k-rank window is one insert, not
+  100k); ``skipped`` lists the items quarantined since.  On restart the
   analyzer is rebuilt by feeding these through a fresh ``Analyzer`` (the same
   path as replay), so its baselines and suspects come back without a second
   serialisation format for its internals.
@@ -18,7 +22,8 @@ What is kept, and why it is enough to survive ``kill -9``:
 * ``audit``: append-only (triggers forbid UPDATE and DELETE): who, what, why,
   result, for every decision and every action attempt.
 * ``quarantine``: records that once failed analysis (or could not be read
-  back), moved out of ``records`` with the reason, so a restart never
+  back), moved out of ``records`` with the reason (a batch's item: copied
+  here and marked skipped in its row, ``item`` its index; -1 a whole row), so a restart never
   replays them; the last ``QUARANTINE_KEPT`` are kept for inspection and the
   ``quarantined`` counter counts them all.
 * ``directives``, ``corrections``, ``node_evidence``, ``jobs``, ``throughput``,
@@ -46,6 +51,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
 
@@ -119,7 +126,21 @@ CREATE TABLE IF NOT EXISTS instances (
     instance TEXT PRIMARY KEY, role TEXT NOT NULL, version TEXT NOT NULL,
     started REAL NOT NULL, seen REAL NOT NULL);
 """
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES))
+# Migration 3 (issue 12, ingest at scale): batch rows (``items``, ``skipped``),
+# and the quarantine keyed by row and item.
+BATCHES = """
+ALTER TABLE records ADD COLUMN items INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE records ADD COLUMN skipped TEXT;
+CREATE TABLE quarantine_3 (
+    seq INTEGER NOT NULL, item INTEGER NOT NULL DEFAULT -1, job TEXT, window INTEGER, node TEXT,
+    received REAL, uid INTEGER, root INTEGER, body TEXT NOT NULL, reason TEXT NOT NULL,
+    quarantined REAL NOT NULL, PRIMARY KEY (seq, item));
+INSERT INTO quarantine_3 SELECT seq, -1, job, window, node, received, uid, root, body, reason, quarantined
+    FROM quarantine;
+DROP TABLE quarantine;
+ALTER TABLE quarantine_3 RENAME TO quarantine;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES), (3, BATCHES))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -129,6 +150,30 @@ class StoreUnavailable(RuntimeError):
 
 class SchemaError(RuntimeError):
     """The state database was written by a newer artemisd (its schema version is unknown here)."""
+
+
+RECORD_COUNT = ("COALESCE(SUM(CASE WHEN items > 0 THEN items - COALESCE(json_array_length(skipped), 0) "
+                "ELSE 1 END), 0)")
+_QUARANTINE_COLS = ("seq", "item", "job", "node", "uid", "reason", "quarantined", "body")
+
+
+def with_items(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An ``add_records`` row with its ``items`` (0, one record, where the caller gave none)."""
+    return row if len(row) == 8 else (*row, 0)
+
+
+def item_text(body: str, item: int) -> str:
+    """Item ``item`` of a batch row's body; the whole body where it cannot be split there."""
+    try:
+        return batch_items(body)[item]
+    except (ValueError, IndexError):
+        return body
+
+
+def quarantine_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    out = dict(zip(_QUARANTINE_COLS, row))
+    out["item"] = None if out["item"] < 0 else out["item"]
+    return out
 
 
 def newer_schema(found: int, where: str) -> SchemaError:
@@ -143,13 +188,46 @@ ACTION_OPEN = ("queued", "running")
 
 @dataclass(frozen=True)
 class StoredRecord:
-    """A stored record as written: ``body`` is its JSON text, decoded by the reader (it may not decode)."""
+    """A stored row as written: ``body`` is its JSON text, decoded by the reader (it may not decode).
+
+    ``items`` 0: the body is one record; n: a JSON array of n window reports
+    (one job, one window), of which the reader skips the indexes in ``skipped``.
+    """
 
     seq: int
     received: float
     uid: int | None
     root: bool
     body: str
+    items: int = 0
+    skipped: frozenset[int] = frozenset()
+
+
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def batch_items(body: str | bytes) -> list[str]:
+    """A batch row's body -> each item's own JSON text, in order (ValueError: not a JSON array)."""
+    try:
+        return [bytes(item).decode() for item in _ITEMS.decode(body)]
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"a batch row is not a JSON array: {err}") from None
+
+
+def skipped_items(text: str | None) -> frozenset[int]:
+    return frozenset(json.loads(text)) if text else frozenset()
+
+
+def window_bodies(rows: Iterable[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+    """Rows (body, items, skipped) -> every record they hold, decoded, skipped items left out."""
+    out: list[dict[str, Any]] = []
+    for body, items, skipped in rows:
+        if not items:
+            out.append(json.loads(body))
+            continue
+        gone = skipped_items(skipped)
+        out.extend(rec for i, rec in enumerate(json.loads(body)) if i not in gone)
+    return out
 
 
 @dataclass
@@ -214,9 +292,9 @@ class StateStore(Protocol):
     def close(self) -> None: ...
     def schema_version(self) -> int: ...
     def next_id(self, name: str, prefix: str) -> str: ...
-    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]
-                    ) -> list[int]: ...
+    def add_records(self, rows: list[tuple[Any, ...]]) -> list[int]: ...
     def quarantine(self, seqs: Iterable[tuple[int, str]], now: float | None = None) -> int: ...
+    def quarantine_items(self, items: Iterable[tuple[int, int, str]], now: float | None = None) -> int: ...
     def quarantined(self) -> int: ...
     def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]: ...
     def prune_records(self, job: str, keep_windows: int) -> int: ...
@@ -367,9 +445,9 @@ class Store:
 
     # --- records ----------------------------------------------------------
 
-    def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]
-                    ) -> list[int]:
-        """rows: (job, window seq, node, received, uid, root, body JSON); jobs' last_seen in the same transaction.
+    def add_records(self, rows: list[tuple[Any, ...]]) -> list[int]:
+        """rows: (job, window seq, node, received, uid, root, body JSON[, items]); jobs' last_seen in the same
+        transaction.  ``items`` n > 0: the body is a batch of n window reports of that job and window.
 
         Returns the rows' ``seq`` (what ``quarantine`` takes), in order.
         """
@@ -379,8 +457,8 @@ class Store:
                 top = seen.get(job, (received, None))[1]
                 seen[job] = (received, window if top is None or (window is not None and window > top) else top)
         with self._tx() as db:
-            db.executemany("INSERT INTO records(job, window, node, received, uid, root, body) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO records(job, window, node, received, uid, root, body, items) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", map(with_items, rows))
             # One writer inside BEGIN IMMEDIATE: AUTOINCREMENT hands out consecutive numbers.
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
             db.executemany("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
@@ -395,15 +473,41 @@ class Store:
         moved = 0
         with self._tx() as db:
             for seq, reason in seqs:
-                cur = db.execute("INSERT OR REPLACE INTO quarantine SELECT seq, job, window, node, received, uid, "
-                                 "root, body, ?, ? FROM records WHERE seq = ?", (reason[:2000], now, seq))
+                (count,) = db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE seq = ?", (seq,)).fetchone()
+                db.execute("INSERT OR REPLACE INTO quarantine SELECT seq, -1, job, window, node, received, uid, "
+                           "root, body, ?, ? FROM records WHERE seq = ?", (reason[:2000], now, seq))
                 db.execute("DELETE FROM records WHERE seq = ?", (seq,))
-                moved += cur.rowcount
-            db.execute("DELETE FROM quarantine WHERE seq <= (SELECT seq FROM quarantine ORDER BY seq DESC "
-                       "LIMIT 1 OFFSET ?)", (QUARANTINE_KEPT,))
-            db.execute("INSERT INTO counters(name, value) VALUES ('quarantined', ?) "
-                       "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (moved,))
+                moved += count
+            self._quarantined(db, moved)
         return moved
+
+    def quarantine_items(self, items: Iterable[tuple[int, int, str]], now: float | None = None) -> int:
+        """Take items ``(seq, item, reason)`` of batch rows out of the replayed history (copied to the
+        quarantine, marked skipped in their row); returns how many were taken.  Idempotent: an item
+        already skipped, or a row already gone, is left alone."""
+        now = time.time() if now is None else now
+        moved = 0
+        with self._tx() as db:
+            for seq, item, reason in items:
+                row = db.execute("SELECT job, window, node, received, uid, root, body, items, skipped FROM records "
+                                 "WHERE seq = ?", (seq,)).fetchone()
+                if row is None or not row[7] or item in skipped_items(row[8]):
+                    continue
+                text = item_text(row[6], item)
+                db.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (seq, item, *row[:6], text, reason[:2000], now))
+                db.execute("UPDATE records SET skipped = ? WHERE seq = ?",
+                           (json.dumps(sorted(skipped_items(row[8]) | {item})), seq))
+                moved += 1
+            self._quarantined(db, moved)
+        return moved
+
+    @staticmethod
+    def _quarantined(db: sqlite3.Connection, moved: int) -> None:
+        db.execute("DELETE FROM quarantine WHERE (seq, item) <= (SELECT seq, item FROM quarantine "
+                   "ORDER BY seq DESC, item DESC LIMIT 1 OFFSET ?)", (QUARANTINE_KEPT,))
+        db.execute("INSERT INTO counters(name, value) VALUES ('quarantined', ?) "
+                   "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (moved,))
 
     def quarantined(self) -> int:
         """Records ever quarantined (the table keeps the last ``QUARANTINE_KEPT``)."""
@@ -411,10 +515,9 @@ class Store:
         return row[0] if row else 0
 
     def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]:
-        cur = self.db.execute("SELECT seq, job, node, uid, reason, quarantined, body FROM quarantine "
-                              "ORDER BY seq DESC LIMIT ?", (limit,))
-        cols = ("seq", "job", "node", "uid", "reason", "quarantined", "body")
-        return [dict(zip(cols, row)) for row in cur]
+        cur = self.db.execute("SELECT seq, item, job, node, uid, reason, quarantined, body FROM quarantine "
+                              "ORDER BY seq DESC, item DESC LIMIT ?", (limit,))
+        return [quarantine_row(row) for row in cur]
 
     def prune_records(self, job: str, keep_windows: int) -> int:
         """Keep the last ``keep_windows`` windows of ``job`` (its node events with them)."""
@@ -432,13 +535,14 @@ class Store:
             db.execute("DELETE FROM throughput WHERE job = ?", (job,))
 
     def records(self, after: int = 0) -> Iterator[StoredRecord]:
-        cur = self.db.execute("SELECT seq, received, uid, root, body FROM records WHERE seq > ? ORDER BY seq",
-                              (after,))
-        for seq, received, uid, root, body in cur:
-            yield StoredRecord(seq, received, uid, bool(root), body)
+        cur = self.db.execute("SELECT seq, received, uid, root, body, items, skipped FROM records WHERE seq > ? "
+                              "ORDER BY seq", (after,))
+        for seq, received, uid, root, body, items, skipped in cur:
+            yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
 
     def record_count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        """Records kept (a batch row counts its items not skipped)."""
+        return self.db.execute(f"SELECT {RECORD_COUNT} FROM records").fetchone()[0]
 
     # --- jobs and throughput ------------------------------------------------
 
@@ -478,8 +582,8 @@ class Store:
         return list(cur)
 
     def window_records(self, job: str) -> list[dict[str, Any]]:
-        cur = self.db.execute("SELECT body FROM records WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,))
-        return [json.loads(body) for (body,) in cur]
+        return window_bodies(self.db.execute("SELECT body, items, skipped FROM records "
+                                             "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
 
     # --- incidents --------------------------------------------------------
 

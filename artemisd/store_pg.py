@@ -32,6 +32,7 @@ import psycopg
 
 from artemisd.store import (
     _INCIDENT_COLS,
+    _QUARANTINE_COLS,
     ACTION_OPEN,
     QUARANTINE_KEPT,
     ActionRow,
@@ -40,7 +41,12 @@ from artemisd.store import (
     UPSERT_INCIDENT,
     _incident,
     incident_row,
+    item_text,
     newer_schema,
+    quarantine_row,
+    skipped_items,
+    window_bodies,
+    with_items,
 )
 from artemisd.store import SCHEMA_VERSION as _SQLITE_VERSION
 from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
@@ -110,7 +116,18 @@ CREATE TABLE IF NOT EXISTS instances (
     instance TEXT PRIMARY KEY, role TEXT NOT NULL, version TEXT NOT NULL,
     started DOUBLE PRECISION NOT NULL, seen DOUBLE PRECISION NOT NULL);
 """
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2))
+SCHEMA_3 = """
+ALTER TABLE records ADD COLUMN IF NOT EXISTS items INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE records ADD COLUMN IF NOT EXISTS skipped TEXT;
+ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS item BIGINT NOT NULL DEFAULT -1;
+ALTER TABLE quarantine DROP CONSTRAINT IF EXISTS quarantine_pkey;
+ALTER TABLE quarantine ADD PRIMARY KEY (seq, item);
+DO $$ BEGIN
+    ALTER TABLE records ALTER COLUMN body SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN NULL;
+END $$;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2), (3, SCHEMA_3))
 assert MIGRATIONS[-1][0] == _SQLITE_VERSION, "a migration added to one backend must be added to the other"
 
 # Any fixed number: the key of the advisory lock that serialises migrations.
@@ -124,6 +141,11 @@ _INCIDENT_ORDER = ("ORDER BY created, COALESCE(CASE WHEN position('-' in id) > 0
                    "'0')::numeric")
 
 _RECORD_COLS = 'seq, job, "window", node, received, uid, root, body'
+_QUARANTINE_UPSERT = ("ON CONFLICT(seq, item) DO UPDATE SET job = excluded.job, \"window\" = excluded.\"window\", "
+                      "node = excluded.node, received = excluded.received, uid = excluded.uid, root = excluded.root, "
+                      "body = excluded.body, reason = excluded.reason, quarantined = excluded.quarantined")
+_RECORD_COUNT = ("COALESCE(SUM(CASE WHEN items > 0 THEN items - COALESCE(json_array_length(skipped::json), 0) "
+                 "ELSE 1 END), 0)")
 
 
 def network_bounds(lease_time: float) -> dict[str, Any]:
@@ -257,9 +279,9 @@ class PostgresStore:
             seqs = sorted(s for (s,) in self._all(
                 "SELECT nextval(pg_get_serial_sequence('records', 'seq')) FROM generate_series(1, %s)",
                 (len(rows),)))
-            with self.db.cursor() as cur, cur.copy(f"COPY records({_RECORD_COLS}) FROM STDIN") as copy:
-                for seq, (job, window, node, received, uid, root, body) in zip(seqs, rows):
-                    copy.write_row((seq, job, window, node, received, uid, int(root), body))
+            with self.db.cursor() as cur, cur.copy(f"COPY records({_RECORD_COLS}, items) FROM STDIN") as copy:
+                for seq, (job, window, node, received, uid, root, body, items) in zip(seqs, map(with_items, rows)):
+                    copy.write_row((seq, job, window, node, received, uid, int(root), body, items))
             with self.db.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (%s, %s, %s, %s) "
@@ -273,28 +295,47 @@ class PostgresStore:
         moved = 0
         with self._tx():
             for seq, reason in seqs:
-                cur = self.db.execute(
-                    f"INSERT INTO quarantine SELECT {_RECORD_COLS}, %s, %s FROM records WHERE seq = %s "
-                    "ON CONFLICT(seq) DO UPDATE SET job = excluded.job, \"window\" = excluded.\"window\", "
-                    "node = excluded.node, received = excluded.received, uid = excluded.uid, root = excluded.root, "
-                    "body = excluded.body, reason = excluded.reason, quarantined = excluded.quarantined",
+                row = self._one(f"SELECT {_RECORD_COUNT} FROM records WHERE seq = %s", (seq,))
+                self.db.execute(
+                    f"INSERT INTO quarantine(item, {_RECORD_COLS}, reason, quarantined) "
+                    f"SELECT -1, {_RECORD_COLS}, %s, %s FROM records WHERE seq = %s " + _QUARANTINE_UPSERT,
                     (reason[:2000], now, seq))
                 self.db.execute("DELETE FROM records WHERE seq = %s", (seq,))
-                moved += cur.rowcount
-            self.db.execute("DELETE FROM quarantine WHERE seq <= (SELECT seq FROM quarantine ORDER BY seq DESC "
-                            "LIMIT 1 OFFSET %s)", (QUARANTINE_KEPT,))
-            self.db.execute("INSERT INTO counters(name, value) VALUES ('quarantined', %s) "
-                            "ON CONFLICT(name) DO UPDATE SET value = counters.value + excluded.value", (moved,))
+                moved += row[0] if row else 0
+            self._quarantined(moved)
         return moved
+
+    def quarantine_items(self, items: Iterable[tuple[int, int, str]], now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        moved = 0
+        with self._tx():
+            for seq, item, reason in items:
+                row = self._one('SELECT job, "window", node, received, uid, root, body, items, skipped FROM records '
+                                "WHERE seq = %s FOR UPDATE", (seq,))
+                if row is None or not row[7] or item in skipped_items(row[8]):
+                    continue
+                self.db.execute(f"INSERT INTO quarantine(item, {_RECORD_COLS}, reason, quarantined) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) " + _QUARANTINE_UPSERT,
+                                (item, seq, *row[:6], item_text(row[6], item), reason[:2000], now))
+                self.db.execute("UPDATE records SET skipped = %s WHERE seq = %s",
+                                (json.dumps(sorted(skipped_items(row[8]) | {item})), seq))
+                moved += 1
+            self._quarantined(moved)
+        return moved
+
+    def _quarantined(self, moved: int) -> None:
+        self.db.execute("DELETE FROM quarantine WHERE (seq, item) <= (SELECT seq, item FROM quarantine "
+                        "ORDER BY seq DESC, item DESC LIMIT 1 OFFSET %s)", (QUARANTINE_KEPT,))
+        self.db.execute("INSERT INTO counters(name, value) VALUES ('quarantined', %s) "
+                        "ON CONFLICT(name) DO UPDATE SET value = counters.value + excluded.value", (moved,))
 
     def quarantined(self) -> int:
         row = self._one("SELECT value FROM counters WHERE name = 'quarantined'")
         return row[0] if row else 0
 
     def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]:
-        cols = ("seq", "job", "node", "uid", "reason", "quarantined", "body")
-        return [dict(zip(cols, row)) for row in self._all(
-            f"SELECT {', '.join(cols)} FROM quarantine ORDER BY seq DESC LIMIT %s", (limit,))]
+        return [quarantine_row(row) for row in self._all(
+            f"SELECT {', '.join(_QUARANTINE_COLS)} FROM quarantine ORDER BY seq DESC, item DESC LIMIT %s", (limit,))]
 
     def prune_records(self, job: str, keep_windows: int) -> int:
         with self._tx():
@@ -314,16 +355,16 @@ class PostgresStore:
         # In pages by seq: lazy like SQLite's cursor, without a transaction held
         # open across the caller's other calls while it replays.
         while True:
-            page = self._all("SELECT seq, received, uid, root, body FROM records WHERE seq > %s ORDER BY seq "
-                             "LIMIT %s", (after, _RECORDS_BATCH))
-            for seq, received, uid, root, body in page:
-                yield StoredRecord(seq, received, uid, bool(root), body)
+            page = self._all("SELECT seq, received, uid, root, body, items, skipped FROM records WHERE seq > %s "
+                             "ORDER BY seq LIMIT %s", (after, _RECORDS_BATCH))
+            for seq, received, uid, root, body, items, skipped in page:
+                yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
             if len(page) < _RECORDS_BATCH:
                 return
             after = page[-1][0]
 
     def record_count(self) -> int:
-        return self._one("SELECT COUNT(*) FROM records")[0]
+        return self._one(f"SELECT {_RECORD_COUNT} FROM records")[0]
 
     # --- jobs and throughput ------------------------------------------------
 
@@ -361,8 +402,8 @@ class PostgresStore:
                          'ORDER BY "window"', (job, step))
 
     def window_records(self, job: str) -> list[dict[str, Any]]:
-        return [json.loads(body) for (body,) in self._all(
-            'SELECT body FROM records WHERE job = %s AND "window" IS NOT NULL ORDER BY seq', (job,))]
+        return window_bodies(self._all('SELECT body, items, skipped FROM records WHERE job = %s '
+                                       'AND "window" IS NOT NULL ORDER BY seq', (job,)))
 
     # --- incidents --------------------------------------------------------
 

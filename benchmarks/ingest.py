@@ -63,7 +63,7 @@ from artemisd.config import parse_config_text  # noqa: E402
 from artemisd.pipeline import Analyzer  # noqa: E402
 from artemisd.server import configure_logging, tune_gc  # noqa: E402
 from artemisd import ingest  # noqa: E402
-from artemisd.ingest import decode_body  # noqa: E402
+from artemisd.ingest import IngestResult, decode_body  # noqa: E402
 from artemisd.service import Daemon  # noqa: E402
 from artemisd.sim.fleet import simulate_records, single_job  # noqa: E402
 from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec  # noqa: E402
@@ -94,19 +94,29 @@ def read(body: bytes, daemon: Daemon, texts: list[str] | None = None) -> tuple[l
     """Body -> (records, rejected) as ``POST /v1/reports`` reads it in the tree under test.
 
     A tree without the fast path (``--baseline`` of an older revision) reads
-    every body item by item, as its server did.  ``texts`` receives the items'
-    own JSON texts where the fast path took the body (and stays empty otherwise).
+    every body item by item, as its server did.  ``texts``: where the tree's
+    fast path hands the items' own JSON texts to ``accept`` (revisions before
+    the daemon stored the body whole), they are put there, as its server did.
     """
     fast = getattr(ingest, "fast_records", None)
-    records = fast(body, daemon.config.daemon.max_world, texts) if fast is not None else None
+    if fast is None:
+        records = None
+    elif "texts" in inspect.signature(fast).parameters:
+        records = fast(body, daemon.config.daemon.max_world, texts)
+    else:
+        records = fast(body, daemon.config.daemon.max_world)
     if records is not None:
         return records, []
     return daemon.validate(decode_body(body))
 
 
-def accept(daemon: Daemon, records: list, rejected: list, texts: list[str]) -> Any:
-    """``Daemon.accept``, handing it the items' texts where this tree's daemon stores them as they came."""
-    if texts and "texts" in inspect.signature(daemon.accept).parameters:
+def accept(daemon: Daemon, records: list, rejected: list, texts: list[str], body: bytes) -> Any:
+    """``Daemon.accept`` as the tree's server calls it: with the body the fast path took (this tree:
+    stored whole), with the items' texts (revisions that stored those), or with neither."""
+    params = inspect.signature(daemon.accept).parameters
+    if "body" in params and records and not rejected:
+        return daemon.accept(records, TRUSTED_LOCAL, {}, rejected, body)
+    if texts and "texts" in params:
         return daemon.accept(records, TRUSTED_LOCAL, {}, rejected, texts)
     return daemon.accept(records, TRUSTED_LOCAL, {}, rejected)
 
@@ -127,7 +137,7 @@ def time_ingest(bodies: list[bytes], windows_of_body: list[int], confirm_at: int
         t0 = time.perf_counter()
         texts: list[str] = []
         records, rejected = read(body, daemon, texts)
-        accept(daemon, records, rejected, texts)
+        accept(daemon, records, rejected, texts, body)
         if latency is None and confirm_at is not None and window >= confirm_at and daemon.store.db.execute(
                 "SELECT 1 FROM incidents WHERE state = 'confirmed' LIMIT 1").fetchone():
             latency = time.perf_counter() - t0
@@ -181,9 +191,10 @@ def single_window(window: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
 
     * **read**: body -> validated records (what ``POST /v1/reports`` does before Slurm's checks);
     * **read_store**: read + the rows ``Daemon.accept`` stores (one SQLite
-      transaction; each item's own text where the fast path kept it, as
-      ``accept(..., texts)`` stores it, else the record encoded again), without
-      the analysis;
+      transaction), without the analysis: this tree's rows from ``Daemon._rows``
+      (one batch row, the body as it came); an older tree's one row per report
+      (each item's own text where its fast path kept it, else the record
+      encoded again);
     * **accept**: read + ``Daemon.accept`` (store, analyzer, directives);
     * **analyzer**: ``Analyzer.ingest`` alone over the window's records.
     """
@@ -201,18 +212,20 @@ def single_window(window: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
             texts: list[str] = []
             records, _ = read(body, daemon, texts)
             now = daemon.clock()
-            # As Daemon.accept stores them: each item's own text where the fast path
-            # kept it (ingest-service.diff), else the record encoded again.
-            daemon.store.add_records([(rec.job, rec.window.seq, rec.node, now, 0, True,
-                                       texts[i] if texts else rec.model_dump_json(exclude_none=True))
-                                      for i, rec in records])
+            if hasattr(daemon, "_rows"):
+                rows, _ = daemon._rows([(i, rec, True) for i, rec in records], len(records), body, now,
+                                       TRUSTED_LOCAL, IngestResult())
+            else:
+                rows = [(rec.job, rec.window.seq, rec.node, now, 0, True,
+                         texts[i] if texts else rec.model_dump_json(exclude_none=True)) for i, rec in records]
+            daemon.store.add_records(rows)
             out["read_store"].append(time.process_time() - start)
             daemon.store.close()
             daemon = new_daemon(Path(tmp) / "b", max_world=ranks)
             start = time.process_time()
             texts = []
             records, rejected = read(body, daemon, texts)
-            result = accept(daemon, records, rejected, texts)
+            result = accept(daemon, records, rejected, texts, body)
             out["accept"].append(time.process_time() - start)
             assert result.accepted == ranks, result.rejected[:3]
             daemon.store.close()

@@ -112,12 +112,12 @@ def server_cpu_s(pg: PgServer) -> float:
     return total / tick
 
 
-def read(leader: Daemon, body: bytes) -> tuple[list, list, list[str] | None]:
-    """What POST /v1/reports does with a body: the fast path, or the careful one for any other body."""
-    texts: list[str] = []
-    records = fast_records(body, leader.config.daemon.max_world, texts)
+def read(leader: Daemon, body: bytes) -> tuple[list, list, bytes | None]:
+    """What POST /v1/reports does with a body: the fast path (the body goes on to ``accept``, which stores
+    it as it came), or the careful one for any other body."""
+    records = fast_records(body, leader.config.daemon.max_world)
     if records is not None:
-        return records, [], texts
+        return records, [], body
     return (*leader.validate(decode_body(body)), None)
 
 
@@ -158,8 +158,8 @@ def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
                 out["validate"] += time.process_time() - start
                 pg_before = server_cpu_s(pg)
                 start = time.process_time()
-                for records, rejected, texts in batches:
-                    result = leader.accept(records, TRUSTED_LOCAL, {}, rejected, texts)
+                for records, rejected, fast_body in batches:
+                    result = leader.accept(records, TRUSTED_LOCAL, {}, rejected, fast_body)
                     assert not result.rejected, result.rejected[:3]
                 out["accept"] += time.process_time() - start
                 out["postgresql"] += server_cpu_s(pg) - pg_before
@@ -187,7 +187,7 @@ def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
 
 def sizing(per_100k: dict[str, float], keep: int) -> list[str]:
     rows = ["| GPUs | window | reports/s | leader cores (validate + accept) | PostgreSQL cores "
-            "| standby cores (follow) | stored rows | cold restore |",
+            "| standby cores (follow) | stored reports | cold restore |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for gpus in (1_000, 10_000, 100_000):
         for window_s in (10, 60):

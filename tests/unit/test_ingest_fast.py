@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from artemisd.frame import TELEMETRY_COLUMNS, THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
 from artemisd.ingest import FastReport, IngestError, decode_body, fast_records, validate
 from artemisd.sim.fleet import simulate_records, single_job
+from artemisd.store import batch_items
 from artemisd.sim.spec import FaultSpec, IslandSpec, JobSpec
 from artemisd.wire import DEFAULT_MAX_WORLD, MAX_ID, WindowReport, dump_record, parse_record, with_step
 from tests.unit.test_ingest_fuzz import KINDS, TEMPLATE, hostile
@@ -277,8 +278,8 @@ def test_the_items_own_text_parses_back_to_the_record_the_fast_path_made():
     window[0]["ms"].pop("busy")  # derived again when the text is read back
     window[1]["env"]["driver"] = "caf\u00e9 \U0001f600"
     body = json.dumps(window, indent=1).encode()  # the sender's spacing is kept, and harmless
-    texts: list[str] = []
-    records = fast_records(body, texts=texts)
+    texts = batch_items(body)
+    records = fast_records(body)
     assert len(texts) == len(records) == len(window)
     for text, (_, rec) in zip(texts, records):
         assert_same_record(rec, parse_record(json.loads(text)))

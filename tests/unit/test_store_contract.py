@@ -190,13 +190,71 @@ def test_quarantine_moves_records_out_of_the_replay(store):
     assert [json.loads(r.body)["w"] for r in store.records()] == [0, 3]
     rows = store.quarantine_rows()
     assert [r["seq"] for r in rows] == [seqs[2], seqs[1]]  # newest first
-    assert rows[1] == {"seq": seqs[1], "job": "1", "node": "n1", "uid": 1000, "reason": "bad window",
+    assert rows[1] == {"seq": seqs[1], "item": None, "job": "1", "node": "n1", "uid": 1000, "reason": "bad window",
                        "quarantined": 50.0, "body": '{"w": 1}'}
     assert len(rows[0]["reason"]) == 2000
     assert store.quarantine_rows(limit=1)[0]["seq"] == seqs[2]
     assert store.quarantined() == 2
     store.quarantine([(seqs[0], "later")])
     assert store.quarantined() == 3
+
+
+def batch(window: int, ranks: int = 3) -> str:
+    return "[" + ", ".join(json.dumps({"w": window, "rank": r}) for r in range(ranks)) + "]"
+
+
+def test_a_batch_row_holds_one_windows_reports_as_sent(store):
+    rows = [("1", 0, None, 1.0, 1000, False, batch(0), 3), ("1", None, "n1", 2.0, 0, True, '{"event": 1}'),
+            ("1", 1, "n2", 3.0, 1000, False, batch(1, 2), 2)]
+    seqs = store.add_records(rows)
+    got = list(store.records())
+    assert [(r.seq, r.body, r.items, r.skipped) for r in got] == [
+        (seqs[0], batch(0), 3, frozenset()), (seqs[1], '{"event": 1}', 0, frozenset()),
+        (seqs[2], batch(1, 2), 2, frozenset())]
+    assert store.record_count() == 6
+    assert store.window_records("1") == [{"w": 0, "rank": r} for r in range(3)] + [{"w": 1, "rank": r} for r in range(2)]
+    assert store.prune_records("1", 0) == 2  # windows 0 and 1 (the node event stays)
+    assert store.record_count() == 1
+
+
+def test_a_batchs_item_is_quarantined_alone_and_once(store):
+    seqs = store.add_records([("1", 0, "n1", 1.0, 1000, False, batch(0), 3),
+                              ("1", 1, "n1", 2.0, 1000, False, batch(1), 3)])
+    assert store.quarantine_items([(seqs[0], 1, "bad rank"), (seqs[0], 1, "again"), (10 ** 9, 0, "gone"),
+                                   (seqs[0], 2, "bad too")], now=7.0) == 2
+    assert store.quarantine_items([(seqs[0], 1, "seen by a standby too")]) == 0  # idempotent
+    first = next(store.records())
+    assert first.body == batch(0) and first.skipped == {1, 2}
+    assert store.record_count() == 4 and store.quarantined() == 2
+    assert store.window_records("1") == [{"w": 0, "rank": 0}] + [{"w": 1, "rank": r} for r in range(3)]
+    assert store.quarantine_rows() == [
+        {"seq": seqs[0], "item": 2, "job": "1", "node": "n1", "uid": 1000, "reason": "bad too",
+         "quarantined": 7.0, "body": json.dumps({"w": 0, "rank": 2})},
+        {"seq": seqs[0], "item": 1, "job": "1", "node": "n1", "uid": 1000, "reason": "bad rank",
+         "quarantined": 7.0, "body": json.dumps({"w": 0, "rank": 1})}]
+    # The whole row later: its items not skipped yet are what it adds.
+    assert store.quarantine([(seqs[0], "unreadable")]) == 1
+    assert store.quarantined() == 3 and store.record_count() == 3
+    assert [r["item"] for r in store.quarantine_rows()] == [2, 1, None]
+
+
+def test_postgresql_compresses_batch_bodies_with_lz4(pg_server):
+    """A 100k-rank window is ~100 MB of JSON in batch rows; PostgreSQL's default TOAST compression (pglz)
+    cost the server 1.7 CPU-s per 100k reports, lz4 0.6 (docs/benchmarks.md)."""
+    from artemisd.store_pg import PostgresStore
+
+    url = pg_server.create_database("lz4")
+    store = PostgresStore(url, password=PASSWORD)
+    try:
+        store.add_records([("1", 0, None, 1.0, 0, True, batch(0, 20_000), 20_000)])
+        (method,) = store.db.execute("SELECT attcompression FROM pg_attribute WHERE attrelid = 'records'::regclass "
+                                     "AND attname = 'body'").fetchone()
+        (used,) = store.db.execute("SELECT pg_column_compression(body) FROM records").fetchone()
+        assert (method, used) == ("l", "lz4")
+        assert store.window_records("1")[-1] == {"w": 0, "rank": 19_999}
+    finally:
+        store.close()
+        pg_server.drop_database("lz4")
 
 
 def test_nothing_quarantined_yet(store):
@@ -386,6 +444,8 @@ def test_a_sqlite_file_from_before_versions_is_version_1_unchanged(tmp_path):
     old.executescript(SCHEMA)  # what every earlier artemisd wrote
     old.execute("INSERT INTO counters VALUES ('incident', 41)")
     old.execute("INSERT INTO audit(time, who, what) VALUES (1.0, 'uid 0', 'approved')")
+    old.execute("INSERT INTO records(job, window, node, received, uid, root, body) VALUES ('1', 0, 'n1', 1.0, 0, 1, '{}')")
+    old.execute("INSERT INTO quarantine VALUES (7, '1', 0, 'n1', 1.0, 0, 1, '{\"w\": 0}', 'bad', 2.0)")
     old.commit()
     tables = dict(old.execute("SELECT name, sql FROM sqlite_master"))
     old.close()
@@ -394,14 +454,23 @@ def test_a_sqlite_file_from_before_versions_is_version_1_unchanged(tmp_path):
     assert store.next_id("incident", "INC-") == "INC-42"
     assert [a["who"] for a in store.audit_log()] == ["uid 0"]
     after = dict(store.db.execute("SELECT name, sql FROM sqlite_master"))
-    # Version 1 left every table as it was; version 2 added the lease and each action's token.
-    assert {k: v for k, v in after.items() if k in tables and k != "actions"} == \
-        {k: v for k, v in tables.items() if k != "actions"}
+    # Version 1 left every table as it was; version 2 added the lease and each action's token; version 3
+    # batch rows, and the quarantine keyed by row and item (its rows kept, as whole rows).
+    changed = {"actions", "records", "quarantine"}
+    assert {k: v for k, v in after.items() if k in tables and k not in changed} == \
+        {k: v for k, v in tables.items() if k not in changed}
     assert after["actions"].startswith(tables["actions"].rstrip(")"))
     assert "token INTEGER" in after["actions"]
+    assert after["records"].startswith(tables["records"].rstrip(")"))
+    assert after["records"].endswith("items INTEGER NOT NULL DEFAULT 0, skipped TEXT)")
+    assert "PRIMARY KEY (seq, item)" in after["quarantine"]
     assert set(after) - set(tables) == {"schema_version", "leases", "sqlite_autoindex_leases_1",
-                                        "instances", "sqlite_autoindex_instances_1"}
-    assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2]
+                                        "instances", "sqlite_autoindex_instances_1",
+                                        "sqlite_autoindex_quarantine_1"}
+    assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2, 3]
+    assert [(r.body, r.items, r.skipped) for r in store.records()] == [("{}", 0, frozenset())]
+    assert store.quarantine_rows() == [{"seq": 7, "item": None, "job": "1", "node": "n1", "uid": 0,
+                                        "reason": "bad", "quarantined": 2.0, "body": '{"w": 0}'}]
 
 
 # --- the leader lease and fencing (artemisd/lease.py) -----------------------------
