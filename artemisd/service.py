@@ -1258,9 +1258,7 @@ class Daemon:
         still = {target: self._fault_still_shown(inc, target) for _, kind, target in done
                  if kind == "drain" and target}
         verdict = verify.verdict(inc.kind.value, inc.cause.value, self._evidence(stored, inc),
-                                 self.config.daemon.verify_windows, self.config.daemon.recovery_fraction,
-                                 self.config.daemon.verify_warmup_windows, now, VERIFY_SILENCE_S, done, still, job=inc.job,
-                                 min_seconds=self.config.daemon.verify_seconds)
+                                 verify.Rules.of(self.config.daemon), now, VERIFY_SILENCE_S, done, still, job=inc.job)
         if verdict.state is None:
             return
         measured = verdict.verification
@@ -1340,16 +1338,14 @@ class Daemon:
                for r in self.store.actions_of(stored.id)):
             return
         inc = Incident.model_validate(stored.body)
-        d = self.config.daemon
-        need = d.verify_windows
+        rules = verify.Rules.of(self.config.daemon)
         shapes = self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0"))
         if stored.baseline is not None:
-            since = verify.latest_since(shapes, need, d.verify_seconds)
+            since = verify.latest_since(shapes, rules)
             if since is None:
                 return
-            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), need,
-                                     d.recovery_fraction, d.verify_warmup_windows, since=since,
-                                     min_seconds=d.verify_seconds)
+            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), rules,
+                                     since=since)
             if not verdict.done or verdict.recovered is False:
                 if verdict.done and stored.id not in self._not_back:
                     self._not_back.add(stored.id)

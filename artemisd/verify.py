@@ -19,8 +19,10 @@ be judged; the verdict says so and the incident ends unresolved with that note.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -289,12 +291,41 @@ def span(windows: Sequence[float | WindowShape], need: int, min_seconds: float =
     return None
 
 
-def latest_since(windows: Sequence[WindowShape], need: int, min_seconds: float = 0.0) -> int | None:
+@dataclass(frozen=True)
+class Rules:
+    """How an action's outcome is judged, one value wherever the loop runs (live, replay, simulators).
+
+    ``windows`` (VerifyWindows) windows after the action, lasting at least
+    ``seconds`` (VerifySeconds: ``span``); recovered at ``fraction``
+    (RecoveryFraction) of the healthy throughput; a requeued job's first
+    ``warmup`` (VerifyWarmupWindows) windows skipped.
+    """
+
+    windows: int
+    fraction: float
+    warmup: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, settings: Any) -> Rules:
+        """From the daemon's settings (``config.DaemonSettings``, read by name: this module stays pure)."""
+        return cls(settings.verify_windows, settings.recovery_fraction, settings.verify_warmup_windows,
+                   settings.verify_seconds)
+
+    def windows_lasting(self, window_s: float) -> int:
+        """How many windows of ``window_s`` seconds each ``span`` reads under these rules."""
+        if window_s <= 0 or self.seconds <= 0:
+            return self.windows
+        return max(self.windows, math.ceil(self.seconds / window_s))
+
+
+def latest_since(windows: Sequence[WindowShape], rules: Rules) -> int | None:
     """The window just before the job's latest span (``span``'s rule, counted back from the newest):
     ``measure(..., since=)`` judges the windows after it.  None: not enough windows yet."""
+    need = rules.windows
     if len(windows) <= need:
         return None
-    back = span(list(reversed(windows[1:])), need, min_seconds)
+    back = span(list(reversed(windows[1:])), need, rules.seconds)
     if back is None:
         return None
     return windows[len(windows) - len(back) - 1].seq
@@ -390,8 +421,7 @@ class Evidence:
     last_seen: float | None = None
 
 
-def measure(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int,
-            since: int | None = None, min_seconds: float = 0.0) -> Verification:
+def measure(kind: str, cause: str, ev: Evidence, rules: Rules, since: int | None = None) -> Verification:
     """The verdict on an action from the windows measured since (``done`` False: too few yet).
 
     Like with like: windows of the healthy shape (rank count, global batch),
@@ -414,11 +444,11 @@ def measure(kind: str, cause: str, ev: Evidence, need: int, fraction: float, war
     else:
         # A requeued job started again: judge it once back in steady state,
         # after its warm-up windows (imports, process groups, first batches).
-        after, unlike, unlike_note = after_windows(ev.current, None, healthy, warmup)
+        after, unlike, unlike_note = after_windows(ev.current, None, healthy, rules.warmup)
     pace = healthy.pace if healthy is not None and kind in LOCAL_KINDS else None
     collectives = healthy.collectives if pace is not None and cause in WORK_ONLY_CAUSES else None
-    verdict = verify(ev.baseline, after, need, fraction, pace, collectives, min_seconds)
-    if not verdict.done and span(unlike, need, min_seconds) is not None:
+    verdict = verify(ev.baseline, after, rules.windows, rules.fraction, pace, collectives, rules.seconds)
+    if not verdict.done and span(unlike, rules.windows, rules.seconds) is not None:
         verdict = Verification(True, None, ev.baseline, None,
                                f"{unlike_note}: recovery cannot be judged like with like")
     return verdict
@@ -446,9 +476,9 @@ class Verdict:
     rolled_back: bool = False
 
 
-def verdict(kind: str, cause: str, ev: Evidence, need: int, fraction: float, warmup: int, now: float,
-            silence_s: float, done_actions: Sequence[tuple[int, str, str | None]],
-            still_shown: dict[str, str | None] | None = None, job: str = "", min_seconds: float = 0.0) -> Verdict:
+def verdict(kind: str, cause: str, ev: Evidence, rules: Rules, now: float, silence_s: float,
+            done_actions: Sequence[tuple[int, str, str | None]], still_shown: dict[str, str | None] | None = None,
+            job: str = "") -> Verdict:
     """Judge a verifying incident: resolved when throughput came back, unresolved (and what to roll back) when not.
 
     ``done_actions``: (id, kind, target) of the incident's actions that were
@@ -459,7 +489,7 @@ def verdict(kind: str, cause: str, ev: Evidence, need: int, fraction: float, war
     verdict that could not be measured (the job went silent for
     ``silence_s``, or its windows are not comparable) undoes nothing.
     """
-    measured = measure(kind, cause, ev, need, fraction, warmup, min_seconds=min_seconds)
+    measured = measure(kind, cause, ev, rules)
     if not measured.done:
         if ev.last_seen is None or now - ev.last_seen < silence_s:
             return Verdict(None, measured)

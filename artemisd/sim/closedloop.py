@@ -803,11 +803,6 @@ class FleetSim:
         return verify.WindowShape(seq, throughput, world, float(world * SAMPLES_PER_RANK), float(STEPS_PER_WINDOW),
                                   pace / w, coll / w, w)
 
-    def _verify_span(self) -> int:
-        """Windows a verification reads here: ``VerifyWindows``, more if they last under ``VerifySeconds``."""
-        d = self.config.daemon
-        return max(d.verify_windows, math.ceil(d.verify_seconds / self.p.window_s))
-
     def _window_of(self, run: Run, t: float) -> int:
         return int(math.floor((t - run.windows_from) / self.p.window_s))
 
@@ -1120,11 +1115,11 @@ class FleetSim:
         current_run = job.runs[-1]
         restarted = current_run.number != enc.run
         action_w = self._window_of(origin_run, acted)
-        d = self.config.daemon
+        rules = verify.Rules.of(self.config.daemon)
         # During the slowdown only its median is read (verify.during): the last hour of it is plenty.
         origin = self._windows(job, origin_run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1) + \
             self._windows(job, origin_run, max(onset_w, action_w - 60), action_w)
-        after = d.verify_warmup_windows + self._verify_span() + 2
+        after = rules.warmup + rules.windows_lasting(self.p.window_s) + 2
         if restarted:
             current = self._windows(job, current_run, 0, after)
         else:
@@ -1169,9 +1164,9 @@ class FleetSim:
         if job.run.number != enc.run or job.state != "running":
             return  # the job ended or moved: no windows of this run to judge
         run = job.run
-        d = self.config.daemon
+        rules = verify.Rules.of(self.config.daemon)
         last = self._window_of(run, self.now) - 1
-        since = last - self._verify_span()
+        since = last - rules.windows_lasting(self.p.window_s)
         onset_w = max(0, self._window_of(run, enc.onset))
         origin = self._windows(job, run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1)
         baseline = verify.baseline([(w.seq, w.throughput) for w in origin], onset_w)
@@ -1179,13 +1174,12 @@ class FleetSim:
         if baseline is not None:
             ev = verify.Evidence(baseline, origin, self._windows(job, run, since + 1, last), False, onset_w, None,
                                  self.now)
-            measured = verify.measure(enc.kind.value, enc.named, ev, d.verify_windows, d.recovery_fraction,
-                                      d.verify_warmup_windows, since=since, min_seconds=d.verify_seconds)
+            measured = verify.measure(enc.kind.value, enc.named, ev, rules, since=since)
         if self.loop.subject_recovered(enc.incident, self.now, measured):
             self._closed(enc.incident)
         elif self.now - (enc.ended_at or self.now) < 3600.0:
             # Not back yet (or not enough windows): the analysis keeps looking.
-            self._push(self.now + self.p.window_s * d.verify_windows, "subject_healthy", enc)
+            self._push(self.now + self.p.window_s * rules.windows, "subject_healthy", enc)
 
     def _ev_person_visits(self, inc_id: str) -> None:
         """The person paged by an escalation looks, ``person_response_s`` later."""

@@ -436,10 +436,8 @@ class Loop:
         if still_shown is None:
             still_shown = {target: self._still_shown(t, target, now)
                            for _, kind, target in done if kind == "drain" and target}
-        d = self.config.daemon
-        v = verify.verdict(inc.kind.value, inc.cause.value, evidence, d.verify_windows, d.recovery_fraction,
-                           d.verify_warmup_windows, now, self.silence_s, done, still_shown,
-                           min_seconds=d.verify_seconds)
+        v = verify.verdict(inc.kind.value, inc.cause.value, evidence, verify.Rules.of(self.config.daemon), now,
+                           self.silence_s, done, still_shown)
         if v.state is None:
             return v
         m = v.verification

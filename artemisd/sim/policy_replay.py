@@ -177,7 +177,7 @@ class TraceLoop:
             if incident_id not in self.action_windows:
                 self.action_windows[incident_id] = self._last_window(inc.job)
             self.loop.verify(incident_id, self._evidence(inc, self.action_windows[incident_id]), now)
-        d = self.config.daemon
+        rules = verify.Rules.of(self.config.daemon)
         for incident_id in self.loop.incident_ids((S.CONFIRMED, S.ESCALATED, S.UNRESOLVED)):
             if self.analyzer.subject_active(incident_id):
                 continue
@@ -185,12 +185,10 @@ class TraceLoop:
             ev = self._evidence(inc, None)
             verification = None
             if ev.baseline is not None:
-                since = verify.latest_since(list(ev.current), d.verify_windows, d.verify_seconds)
+                since = verify.latest_since(list(ev.current), rules)
                 if since is None:
                     continue
-                verification = verify.measure(inc.kind.value, inc.cause.value, ev, d.verify_windows,
-                                              d.recovery_fraction, d.verify_warmup_windows, since=since,
-                                              min_seconds=d.verify_seconds)
+                verification = verify.measure(inc.kind.value, inc.cause.value, ev, rules, since=since)
             self.loop.subject_recovered(inc.id, now, verification)
 
     def _evidence(self, inc: Incident, action_window: int | None) -> verify.Evidence:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from artemisd.verify import baseline, verify
+from artemisd.verify import Rules, baseline, verify
 
 
 def test_baseline_uses_only_windows_before_the_onset():
@@ -205,8 +205,12 @@ def test_short_windows_are_judged_on_verify_seconds_of_them():
     # Real windows (seconds each): the count decides, as before.
     long = [timed(s, 9800.0, 30.0) for s in range(5)]
     assert len(span(long, 3, 5.0)) == 3
-    assert latest_since(long, 3, 5.0) == 1 and latest_since(after, 3, 5.0) == 1
-    assert latest_since(after[:8], 3, 5.0) is None
+    rules = Rules(3, 0.85, seconds=5.0)
+    assert latest_since(long, rules) == 1 and latest_since(after, rules) == 1
+    assert latest_since(after[:8], rules) is None
+    # What a simulator with windows of one length reads: the same count span takes.
+    assert rules.windows_lasting(0.45) == 12 == len(span(after, 3, 5.0))
+    assert rules.windows_lasting(30.0) == 3 and Rules(3, 0.85).windows_lasting(0.45) == 3
     # Windows whose wall time was not measured: the count alone.
     assert span([9800.0] * 3, 3, 5.0) == [9800.0] * 3
 
@@ -218,6 +222,9 @@ def _shapes(throughputs, start=0):
     return [WindowShape(start + i, t, 8, 64.0, 50.0) for i, t in enumerate(throughputs)]
 
 
+RULES = Rules(windows=3, fraction=0.95, warmup=3)
+
+
 def _evidence(after, *, restarted=False, last_seen=1000.0):
     from artemisd.verify import Evidence
     origin = _shapes([300.0] * 10 + [240.0] * 4)  # healthy 0-9, slowed from window 10, acted after 13
@@ -227,16 +234,16 @@ def _evidence(after, *, restarted=False, last_seen=1000.0):
 
 def test_verdict_resolved_when_throughput_came_back():
     from artemisd.verify import verdict
-    v = verdict("job", "unknown", _evidence([250.0, 298.0, 301.0, 299.0]), 3, 0.95, 3, 1000.0, 3600.0,
+    v = verdict("job", "unknown", _evidence([250.0, 298.0, 301.0, 299.0]), RULES, 1000.0, 3600.0,
                 [(1, "rebalance", "7:2")])
     assert v.state == "resolved" and v.rollbacks == () and v.verification.after == 299.0
 
 
 def test_verdict_waits_then_says_a_silent_job_cannot_be_measured():
     from artemisd.verify import verdict
-    waiting = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0]), 3, 0.95, 3, 1000.0, 3600.0, [])
+    waiting = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0]), RULES, 1000.0, 3600.0, [])
     assert waiting.state is None and not waiting.verification.done
-    silent = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0], last_seen=0.0), 3, 0.95, 3, 4000.0, 3600.0,
+    silent = verdict("rank", "gpu.clocks", _evidence([250.0, 298.0], last_seen=0.0), RULES, 4000.0, 3600.0,
                      [(1, "drain", "n2")], job="7")
     assert silent.state == "unresolved" and silent.verification.recovered is None
     assert "no windows from job 7 for 4000 s" in silent.verification.note
@@ -246,7 +253,7 @@ def test_verdict_waits_then_says_a_silent_job_cannot_be_measured():
 def test_verdict_undoes_what_did_not_help_but_keeps_a_drain_whose_node_still_shows_the_fault():
     from artemisd.verify import Undo, verdict
     done = [(1, "rebalance", "7:2"), (2, "drain", "n2"), (3, "requeue", "7"), (4, "drain", "n3")]
-    v = verdict("job", "unknown", _evidence([240.0, 241.0, 239.0, 240.0]), 3, 0.95, 3, 1000.0, 3600.0, done,
+    v = verdict("job", "unknown", _evidence([240.0, 241.0, 239.0, 240.0]), RULES, 1000.0, 3600.0, done,
                 {"n2": None, "n3": "gpu 0 thermal throttle ['sw_thermal']"})
     assert v.state == "unresolved" and v.verification.recovered is False
     assert v.rollbacks == (Undo(1, "rebalance", "7:2", True, "no recovery"),
@@ -259,5 +266,5 @@ def test_verdict_on_a_requeued_job_skips_its_warm_up():
     from artemisd.verify import verdict
     # New run: three warm-up windows (imports, first batches), then back at healthy speed.
     v = verdict("rank", "gpu.thermal", _evidence([90.0, 150.0, 200.0, 299.0, 300.0, 302.0], restarted=True),
-                3, 0.95, 3, 1000.0, 3600.0, [(2, "drain", "n2")])
+                RULES, 1000.0, 3600.0, [(2, "drain", "n2")])
     assert v.state == "resolved" and v.verification.after == 300.0
