@@ -133,6 +133,7 @@ assert MIGRATIONS[-1][0] == _SQLITE_VERSION, "a migration added to one backend m
 # Any fixed number: the key of the advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x61727465  # "arte"
 _RECORDS_BATCH = 1000
+_RECORDS_PAGE_BYTES = 64 << 20
 
 # SQLite orders incidents by CAST(SUBSTR(id, INSTR(id, '-') + 1) AS INTEGER):
 # the digits after the first '-' (the whole id where there is none), 0 if none.
@@ -353,15 +354,25 @@ class PostgresStore:
 
     def records(self, after: int = 0) -> Iterator[StoredRecord]:
         # In pages by seq: lazy like SQLite's cursor, without a transaction held
-        # open across the caller's other calls while it replays.
+        # open across the caller's other calls while it replays.  A page is at
+        # most _RECORDS_BATCH rows and _RECORDS_PAGE_BYTES of bodies (at least
+        # one row): a batch row holds a whole window (~1 KB per rank), and a
+        # thousand of them would be gigabytes in one fetch.
         while True:
-            page = self._all("SELECT seq, received, uid, root, body, items, skipped FROM records WHERE seq > %s "
-                             "ORDER BY seq LIMIT %s", (after, _RECORDS_BATCH))
+            sizes = self._all("SELECT seq, octet_length(body) FROM records WHERE seq > %s ORDER BY seq LIMIT %s",
+                              (after, _RECORDS_BATCH))
+            if not sizes:
+                return
+            total, last = 0, sizes[0][0]
+            for seq, size in sizes:
+                if total and total + size > _RECORDS_PAGE_BYTES:
+                    break
+                total, last = total + size, seq
+            page = self._all("SELECT seq, received, uid, root, body, items, skipped FROM records "
+                             "WHERE seq > %s AND seq <= %s ORDER BY seq", (after, last))
             for seq, received, uid, root, body, items, skipped in page:
                 yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
-            if len(page) < _RECORDS_BATCH:
-                return
-            after = page[-1][0]
+            after = last
 
     def record_count(self) -> int:
         return self._one(f"SELECT {_RECORD_COUNT} FROM records")[0]

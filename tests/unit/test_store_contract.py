@@ -140,6 +140,18 @@ def test_records_replay_in_order_past_a_page(store):
     assert [json.loads(r.body)["n"] for r in store.records()] == list(range(2500))
 
 
+def test_records_replay_in_order_in_pages_bounded_by_bytes(backend, store, monkeypatch):
+    """A batch row holds a window of every rank: PostgreSQL pages by bytes as well as rows (SQLite's cursor
+    is lazy row by row), and a row larger than a page is a page of its own."""
+    if backend.name == "postgresql":
+        import artemisd.store_pg
+        monkeypatch.setattr(artemisd.store_pg, "_RECORDS_PAGE_BYTES", 200)
+    bodies = [batch(w, ranks) for w, ranks in enumerate([1, 2, 12, 1, 1, 1, 30, 2])]
+    store.add_records([("1", w, None, float(w), None, False, body, body.count("{")) for w, body in enumerate(bodies)])
+    assert [(r.body, r.items) for r in store.records()] == [(b, b.count("{")) for b in bodies]
+    assert [r.body for r in store.records(after=next(store.records()).seq + 2)] == bodies[3:]
+
+
 def test_jobs_last_seen_and_highest_window(store):
     store.add_records([("1", 5, "n1", 10.0, None, False, "{}"), ("1", 3, "n1", 11.0, None, False, "{}"),
                        ("2", None, "n1", 12.0, 0, True, "{}")])
