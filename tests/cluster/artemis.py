@@ -23,6 +23,8 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
+from artemisd.store import RECORD_COUNT
+
 from .procs import ClusterError, Daemon, spawn, tail, wait_until
 from .slurm import SlurmCluster, free_port
 
@@ -130,7 +132,7 @@ class ArtemisDaemon:
         """How many reports of ``job`` the daemon stored (read from its SQLite state, read-only)."""
         db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
         try:
-            return int(db.execute("SELECT COUNT(*) FROM records WHERE job = ?", (job,)).fetchone()[0])
+            return int(db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE job = ?", (job,)).fetchone()[0])
         finally:
             db.close()
 
