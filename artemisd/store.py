@@ -162,12 +162,29 @@ def with_items(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return row if len(row) == 8 else (*row, 0)
 
 
-def item_text(body: str, item: int) -> str:
-    """Item ``item`` of a batch row's body; the whole body where it cannot be split there."""
+def by_row(items: Iterable[tuple[int, int, str]]) -> dict[int, dict[int, str]]:
+    """``quarantine_items``' argument -> {seq: {item: reason}} (an item named twice keeps its first reason)."""
+    out: dict[int, dict[int, str]] = {}
+    for seq, item, reason in items:
+        out.setdefault(seq, {}).setdefault(item, reason)
+    return out
+
+
+def new_quarantine(body: str, skipped: frozenset[int], wanted: dict[int, str]) -> list[tuple[int, str, str]]:
+    """(item, its text, reason) for each item of a batch row ``wanted`` and not skipped yet.
+
+    The body is split once per row, however many of its items go: a restore
+    under a lower MaxWorld may quarantine every report of a 100k-rank window.
+    An item the body cannot be split at keeps the whole body as its text.
+    """
+    new = sorted((item, reason) for item, reason in wanted.items() if item not in skipped)
+    if not new:
+        return []
     try:
-        return batch_items(body)[item]
-    except (ValueError, IndexError):
-        return body
+        texts = batch_items(body)
+    except ValueError:
+        texts = []
+    return [(item, texts[item] if 0 <= item < len(texts) else body, reason[:2000]) for item, reason in new]
 
 
 def quarantine_row(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -488,17 +505,20 @@ class Store:
         now = time.time() if now is None else now
         moved = 0
         with self._tx() as db:
-            for seq, item, reason in items:
+            for seq, wanted in by_row(items).items():
                 row = db.execute("SELECT job, window, node, received, uid, root, body, items, skipped FROM records "
                                  "WHERE seq = ?", (seq,)).fetchone()
-                if row is None or not row[7] or item in skipped_items(row[8]):
+                if row is None or not row[7]:
                     continue
-                text = item_text(row[6], item)
-                db.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (seq, item, *row[:6], text, reason[:2000], now))
+                skipped = skipped_items(row[8])
+                new = new_quarantine(row[6], skipped, wanted)
+                if not new:
+                    continue
+                db.executemany("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(seq, item, *row[:6], text, reason, now) for item, text, reason in new])
                 db.execute("UPDATE records SET skipped = ? WHERE seq = ?",
-                           (json.dumps(sorted(skipped_items(row[8]) | {item})), seq))
-                moved += 1
+                           (json.dumps(sorted(skipped | {item for item, _, _ in new})), seq))
+                moved += len(new)
             self._quarantined(db, moved)
         return moved
 

@@ -40,8 +40,9 @@ from artemisd.store import (
     StoredRecord,
     UPSERT_INCIDENT,
     _incident,
+    by_row,
     incident_row,
-    item_text,
+    new_quarantine,
     newer_schema,
     quarantine_row,
     skipped_items,
@@ -310,17 +311,22 @@ class PostgresStore:
         now = time.time() if now is None else now
         moved = 0
         with self._tx():
-            for seq, item, reason in items:
+            for seq, wanted in by_row(items).items():
                 row = self._one('SELECT job, "window", node, received, uid, root, body, items, skipped FROM records '
                                 "WHERE seq = %s FOR UPDATE", (seq,))
-                if row is None or not row[7] or item in skipped_items(row[8]):
+                if row is None or not row[7]:
                     continue
-                self.db.execute(f"INSERT INTO quarantine(item, {_RECORD_COLS}, reason, quarantined) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) " + _QUARANTINE_UPSERT,
-                                (item, seq, *row[:6], item_text(row[6], item), reason[:2000], now))
+                skipped = skipped_items(row[8])
+                new = new_quarantine(row[6], skipped, wanted)
+                if not new:
+                    continue
+                with self.db.cursor() as cur:
+                    cur.executemany(f"INSERT INTO quarantine(item, {_RECORD_COLS}, reason, quarantined) "
+                                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) " + _QUARANTINE_UPSERT,
+                                    [(item, seq, *row[:6], text, reason, now) for item, text, reason in new])
                 self.db.execute("UPDATE records SET skipped = %s WHERE seq = %s",
-                                (json.dumps(sorted(skipped_items(row[8]) | {item})), seq))
-                moved += 1
+                                (json.dumps(sorted(skipped | {item for item, _, _ in new})), seq))
+                moved += len(new)
             self._quarantined(moved)
         return moved
 
