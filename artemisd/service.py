@@ -28,6 +28,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import groupby
 from typing import Any
 
 import structlog
@@ -250,10 +251,9 @@ class Daemon:
         except ValueError:
             yield rec, None, rec.body, None  # not an array: the careful way refuses (and quarantines) the row
             return
-        pieces = [StoredRecord(rec.seq, rec.received, rec.uid, rec.root, text)
-                  for i, text in enumerate(texts) if i not in rec.skipped]
-        items = [i for i in range(len(texts)) if i not in rec.skipped]
-        for item, (_, _, text, record) in zip(items, Daemon._decode_page(pieces, max_world, REPLAY_PIECE)):
+        kept = [(i, text) for i, text in enumerate(texts) if i not in rec.skipped]
+        pieces = [StoredRecord(rec.seq, rec.received, rec.uid, rec.root, text) for _, text in kept]
+        for (item, _), (_, _, text, record) in zip(kept, Daemon._decode_page(pieces, max_world, REPLAY_PIECE)):
             yield rec, item, text, record
 
     @staticmethod
@@ -483,46 +483,29 @@ class Daemon:
         """
         rows: list[tuple] = []
         places: list[list[tuple[int, WindowReport | NodeEvent]]] = []
-        if body is not None and len(kept) == sent and len({(r.job, r.window.seq) for _, r, _ in kept}) == 1 \
-                and all(as_sent for _, _, as_sent in kept):
-            # The common body (a window, or a node's share of it, posted whole): the body is the row.
-            rec = kept[0][1]
-            nodes = {r.node for _, r, _ in kept}
-            rows.append((rec.job, rec.window.seq, nodes.pop() if len(nodes) == 1 else None, now, principal.uid,
-                         principal.root_side, body.decode(), sent))
-            places.append([(index, r) for index, r, _ in kept])
-            return rows, places
         texts: list[str] | None = None
-        i = 0
-        while i < len(kept):
-            index, rec, as_sent = kept[i]
-            if as_sent:
-                j = i + 1
-                while j < len(kept) and kept[j][2] and kept[j][1].job == rec.job \
-                        and kept[j][1].window.seq == rec.window.seq:
-                    j += 1
-                members = [(index, r) for index, r, _ in kept[i:j]]
-                nodes = {r.node for _, r in members}
-                if j - i == sent:
+        for batch, group in groupby(kept, key=lambda k: (k[1].job, k[1].window.seq) if k[2] else None):
+            if batch is not None:
+                members = [(index, rec) for index, rec, _ in group]
+                nodes = {rec.node for _, rec in members}
+                if len(members) == sent:
                     text = body.decode()  # type: ignore[union-attr]
                 else:
                     texts = texts if texts is not None else batch_items(body)  # type: ignore[arg-type]
                     text = "[" + ",".join(texts[index] for index, _ in members) + "]"
-                rows.append((rec.job, rec.window.seq, nodes.pop() if len(nodes) == 1 else None, now,
-                             principal.uid, principal.root_side, text, j - i))
+                rows.append((*batch, nodes.pop() if len(nodes) == 1 else None, now, principal.uid,
+                             principal.root_side, text, len(members)))
                 places.append(members)
-                i = j
                 continue
-            try:
-                text = dump_record(rec)
-            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
-                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
-                i += 1
-                continue
-            window = rec.window.seq if rec.type == "window" else None
-            rows.append((rec.job, window, rec.node, now, principal.uid, principal.root_side, text, 0))
-            places.append([(index, rec)])
-            i += 1
+            for index, rec, _ in group:
+                try:
+                    text = dump_record(rec)
+                except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
+                    result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                    continue
+                window = rec.window.seq if rec.type == "window" else None
+                rows.append((rec.job, window, rec.node, now, principal.uid, principal.root_side, text, 0))
+                places.append([(index, rec)])
         return rows, places
 
     def _store_rows(self, rows: list[tuple], places: list[list[tuple[int, WindowReport | NodeEvent]]],

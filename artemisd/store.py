@@ -170,21 +170,35 @@ def by_row(items: Iterable[tuple[int, int, str]]) -> dict[int, dict[int, str]]:
     return out
 
 
-def new_quarantine(body: str, skipped: frozenset[int], wanted: dict[int, str]) -> list[tuple[int, str, str]]:
-    """(item, its text, reason) for each item of a batch row ``wanted`` and not skipped yet.
+# What quarantine_items reads of a batch row, and writes per item (the quarantine's columns, in order);
+# "window" quoted, as PostgreSQL needs it (a reserved word there, an identifier in SQLite either way).
+QUARANTINE_ITEM_SOURCE = 'job, "window", node, received, uid, root, body, items, skipped'
+QUARANTINE_ITEM_COLS = 'seq, item, job, "window", node, received, uid, root, body, reason, quarantined'
+
+
+def item_quarantine(seq: int, row: tuple[Any, ...] | None, wanted: dict[int, str], now: float
+                    ) -> tuple[list[tuple[Any, ...]], str] | None:
+    """For batch row ``seq`` (``row``: its ``QUARANTINE_ITEM_SOURCE``), the quarantine rows
+    (``QUARANTINE_ITEM_COLS``) of the items ``wanted`` and not skipped yet, and the row's new ``skipped``;
+    None where there is nothing to do (no such batch row, or every item already skipped).
 
     The body is split once per row, however many of its items go: a restore
     under a lower MaxWorld may quarantine every report of a 100k-rank window.
     An item the body cannot be split at keeps the whole body as its text.
     """
+    if row is None or not row[7]:
+        return None
+    body, skipped = row[6], skipped_items(row[8])
     new = sorted((item, reason) for item, reason in wanted.items() if item not in skipped)
     if not new:
-        return []
+        return None
     try:
         texts = batch_items(body)
     except ValueError:
         texts = []
-    return [(item, texts[item] if 0 <= item < len(texts) else body, reason[:2000]) for item, reason in new]
+    rows = [(seq, item, *row[:6], texts[item] if 0 <= item < len(texts) else body, reason[:2000], now)
+            for item, reason in new]
+    return rows, json.dumps(sorted(skipped | {item for item, _ in new}))
 
 
 def quarantine_row(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -506,19 +520,15 @@ class Store:
         moved = 0
         with self._tx() as db:
             for seq, wanted in by_row(items).items():
-                row = db.execute("SELECT job, window, node, received, uid, root, body, items, skipped FROM records "
-                                 "WHERE seq = ?", (seq,)).fetchone()
-                if row is None or not row[7]:
+                row = db.execute(f"SELECT {QUARANTINE_ITEM_SOURCE} FROM records WHERE seq = ?", (seq,)).fetchone()
+                plan = item_quarantine(seq, row, wanted, now)
+                if plan is None:
                     continue
-                skipped = skipped_items(row[8])
-                new = new_quarantine(row[6], skipped, wanted)
-                if not new:
-                    continue
-                db.executemany("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               [(seq, item, *row[:6], text, reason, now) for item, text, reason in new])
-                db.execute("UPDATE records SET skipped = ? WHERE seq = ?",
-                           (json.dumps(sorted(skipped | {item for item, _, _ in new})), seq))
-                moved += len(new)
+                rows, skipped = plan
+                db.executemany(f"INSERT OR REPLACE INTO quarantine({QUARANTINE_ITEM_COLS}) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                db.execute("UPDATE records SET skipped = ? WHERE seq = ?", (skipped, seq))
+                moved += len(rows)
             self._quarantined(db, moved)
         return moved
 

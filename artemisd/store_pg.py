@@ -38,11 +38,13 @@ from artemisd.store import (
     ActionRow,
     StoredIncident,
     StoredRecord,
+    QUARANTINE_ITEM_COLS,
+    QUARANTINE_ITEM_SOURCE,
     UPSERT_INCIDENT,
     _incident,
     by_row,
     incident_row,
-    new_quarantine,
+    item_quarantine,
     newer_schema,
     quarantine_row,
     skipped_items,
@@ -312,21 +314,17 @@ class PostgresStore:
         moved = 0
         with self._tx():
             for seq, wanted in by_row(items).items():
-                row = self._one('SELECT job, "window", node, received, uid, root, body, items, skipped FROM records '
-                                "WHERE seq = %s FOR UPDATE", (seq,))
-                if row is None or not row[7]:
+                row = self._one(f"SELECT {QUARANTINE_ITEM_SOURCE} FROM records WHERE seq = %s FOR UPDATE",
+                                (seq,))
+                plan = item_quarantine(seq, row, wanted, now)
+                if plan is None:
                     continue
-                skipped = skipped_items(row[8])
-                new = new_quarantine(row[6], skipped, wanted)
-                if not new:
-                    continue
+                rows, skipped = plan
                 with self.db.cursor() as cur:
-                    cur.executemany(f"INSERT INTO quarantine(item, {_RECORD_COLS}, reason, quarantined) "
-                                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) " + _QUARANTINE_UPSERT,
-                                    [(item, seq, *row[:6], text, reason, now) for item, text, reason in new])
-                self.db.execute("UPDATE records SET skipped = %s WHERE seq = %s",
-                                (json.dumps(sorted(skipped | {item for item, _, _ in new})), seq))
-                moved += len(new)
+                    cur.executemany(f"INSERT INTO quarantine({QUARANTINE_ITEM_COLS}) "
+                                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) " + _QUARANTINE_UPSERT, rows)
+                self.db.execute("UPDATE records SET skipped = %s WHERE seq = %s", (skipped, seq))
+                moved += len(rows)
             self._quarantined(moved)
         return moved
 
