@@ -8,7 +8,7 @@ telemetry, off the training thread), batches them and either POSTs them to
 ``file:/path``, appends JSON lines (a trace for ``artemis replay``).
 
 ``endpoint`` may list several daemons (``http://a:7600,http://b:7600``: one
-leads, the others stand by and answer 503).  A batch goes to the one that
+leads, the others stand by; any of them takes reports).  A batch goes to the one that
 last took a batch; one that cannot be reached, or answers 503/429, passes it
 on to the next at once, each tried once per round, so a failover costs no
 wait.  Only when every one of them deferred does the sender wait.
@@ -208,16 +208,21 @@ class Sender:
 
     def _post(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
         body = json.dumps(batch, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"}
-        credential = signer.credential(body) if signer is not None else None
-        if credential:
-            headers["Authorization"] = f"Munge {credential}"
-        else:
-            self.unauthenticated += 1
         deferred: _Deferred | None = None
         failure: Exception | None = None
+        unsigned = False
         for turn in range(len(self._urls)):
             at = (self._current + turn) % len(self._urls)
+            # A credential per daemon: munge decodes each one once (a second
+            # decode is a replay, 401), and the daemon that deferred the batch
+            # has decoded this one already.
+            headers = {"Content-Type": "application/json"}
+            credential = signer.credential(body) if signer is not None else None
+            if credential:
+                headers["Authorization"] = f"Munge {credential}"
+            elif not unsigned:
+                unsigned = True
+                self.unauthenticated += 1
             request = urllib.request.Request(self._urls[at].rstrip("/") + "/v1/reports", data=body,
                                              headers=headers, method="POST")
             try:

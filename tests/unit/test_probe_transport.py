@@ -226,13 +226,70 @@ def test_munge_credential_carries_the_body_digest(munged, server):
     assert payload == hashlib.sha256(sent).hexdigest()
 
 
+class _Unmunging(BaseHTTPRequestHandler):
+    """A daemon that decodes each credential with the real unmunge, as artemisd does: a credential
+    decoded once already is a replay (401).  ``status`` is what it answers a good one."""
+
+    munged = ""
+    status = 200
+    answers: list[int] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        cred = (self.headers.get("Authorization") or " ").split(" ", 1)[1]
+        decoded = subprocess.run(["unmunge", f"--socket={self.munged}", "--metadata=/dev/null"], input=cred.encode(),
+                                 capture_output=True, timeout=10)
+        code = self.status if decoded.returncode == 0 else 401
+        type(self).answers.append(code)
+        reply = b"{}" if code == 200 else b'{"error": "x"}'
+        self.send_response(code)
+        if code == 503:
+            self.send_header("Retry-After", "5")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+def test_each_daemon_of_a_list_gets_a_credential_of_its_own(munged):
+    """The first daemon decodes the batch's credential and defers (its database is down); the
+    second must not be handed the same one, which munge would refuse as a replay."""
+    class Deferring(_Unmunging):
+        status, answers = 503, []
+
+    class Taking(_Unmunging):
+        status, answers = 200, []
+
+    servers = []
+    for handler in (Deferring, Taking):
+        handler.munged = munged
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+    try:
+        sender = Sender(",".join(f"http://127.0.0.1:{srv.server_address[1]}" for srv in servers), munge_socket=munged)
+        sender.submit(_report(0))
+        assert sender.flush(10)
+        sender.close()
+        assert (Deferring.answers, Taking.answers) == ([503], [200])
+        assert sender.dropped == 0 and sender.sent == 1 and sender.unauthenticated == 0
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+
+
 def test_munge_without_daemon_returns_none(tmp_path):
     signer = MungeSigner(str(tmp_path / "no.sock"))
     assert signer.credential(b"x") is None and signer.last_error
 
 
-class _Standby(BaseHTTPRequestHandler):
-    """An artemisd that is not the leader: every batch answered 503, nothing stored."""
+class _Deferring(BaseHTTPRequestHandler):
+    """An artemisd that cannot take reports now (its state database unreachable): every batch
+    answered 503 with Retry-After, nothing stored."""
 
     posts = 0
 
@@ -241,8 +298,8 @@ class _Standby(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        _Standby.posts += 1
-        reply = b'{"error": "this artemisd is a standby: reports go to the leader", "leader": "b:7600"}'
+        _Deferring.posts += 1
+        reply = b'{"error": "state database unavailable: connection refused"}'
         self.send_response(503)
         self.send_header("Retry-After", "1")
         self.send_header("Content-Length", str(len(reply)))
@@ -251,9 +308,9 @@ class _Standby(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def standby():
-    _Standby.posts = 0
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Standby)
+def deferring():
+    _Deferring.posts = 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Deferring)
     srv.daemon_threads = True
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -275,25 +332,25 @@ def _delivered() -> list[int]:
     return [r["window"]["seq"] for body, _ in _Handler.seen for r in json.loads(body)]
 
 
-def test_a_list_of_daemons_goes_past_a_dead_one_and_a_standby_to_the_leader_without_waiting(server, standby):
-    sender = Sender(f"{_closed_port()},{standby},{server}")
+def test_a_list_of_daemons_goes_past_a_dead_one_and_a_deferring_one_without_waiting(server, deferring):
+    sender = Sender(f"{_closed_port()},{deferring},{server}")
     for seq in range(3):
         sender.submit(_report(seq))
         assert sender.flush(10)
     sender.close()
     assert _delivered() == [0, 1, 2] and sender.dropped == 0
-    assert sender.deferred == 0  # the standby's 503 cost no wait: the next daemon took the batch
-    assert sender.failovers == 1 and _Standby.posts == 1  # later batches went straight to the leader
+    assert sender.deferred == 0  # the 503 cost no wait: the next daemon took the batch
+    assert sender.failovers == 1 and _Deferring.posts == 1  # later batches went straight to the one that took it
 
 
-def test_when_every_daemon_defers_the_batch_waits_and_is_not_lost(server, standby):
-    _Handler.busy = 1  # the leader is at its connection cap once
-    sender = Sender(f"{standby},{server}")
+def test_when_every_daemon_defers_the_batch_waits_and_is_not_lost(server, deferring):
+    _Handler.busy = 1  # the other daemon is at its connection cap once
+    sender = Sender(f"{deferring},{server}")
     sender.submit(_report(7))
     assert sender.flush(15)
     sender.close()
-    # The leader saw it twice: refused at its cap in the first round, taken in the second.
-    assert _delivered() == [7, 7] and _Standby.posts == 2 and sender.dropped == 0 and sender.deferred == 1
+    # It saw it twice: refused at its cap in the first round, taken in the second.
+    assert _delivered() == [7, 7] and _Deferring.posts == 2 and sender.dropped == 0 and sender.deferred == 1
 
 
 def test_endpoint_lists_are_checked():
