@@ -47,7 +47,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -109,6 +109,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
     uid INTEGER, root INTEGER, body TEXT NOT NULL, reason TEXT NOT NULL, quarantined REAL NOT NULL);
 """
 QUARANTINE_KEPT = 10_000
+SEQ_MAX = (1 << 63) - 1  # above every record seq (both backends' seq is a signed 64-bit integer)
 
 # (version, script): applied in order, each in its own transaction with its
 # row in schema_version.  Migration 1 is the schema as it was before versions
@@ -140,7 +141,14 @@ INSERT INTO quarantine_3 SELECT seq, -1, job, window, node, received, uid, root,
 DROP TABLE quarantine;
 ALTER TABLE quarantine_3 RENAME TO quarantine;
 """
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES), (3, BATCHES))
+# Migration 4 (issue 12, any instance accepts reports): the highest record
+# seq below which the leader has analysed every record (``analysed_through``).
+# Before it, only the leader stored records and analysed each as it stored
+# it, so every record already stored is analysed.
+ANALYSED = """
+INSERT OR IGNORE INTO counters(name, value) SELECT 'analysed', COALESCE(MAX(seq), 0) FROM records;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA), (2, LEASES), (3, BATCHES), (4, ANALYSED))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -330,7 +338,10 @@ class StateStore(Protocol):
     def quarantine_rows(self, limit: int = 100) -> list[dict[str, Any]]: ...
     def prune_records(self, job: str, keep_windows: int) -> int: ...
     def forget_job(self, job: str) -> None: ...
-    def records(self, after: int = 0) -> Iterator[StoredRecord]: ...
+    def records(self, after: int = 0, upto: int | None = None, skip: Collection[int] = ()
+                ) -> Iterator[StoredRecord]: ...
+    def analysed_through(self) -> int: ...
+    def set_analysed_through(self, seq: int, fence: int) -> None: ...
     def record_count(self) -> int: ...
     def set_job_owner(self, job: str, user_id: int, partition: str) -> None: ...
     def job_last_seen(self, job: str) -> float | None: ...
@@ -564,11 +575,30 @@ class Store:
             db.execute("DELETE FROM records WHERE job = ?", (job,))
             db.execute("DELETE FROM throughput WHERE job = ?", (job,))
 
-    def records(self, after: int = 0) -> Iterator[StoredRecord]:
-        cur = self.db.execute("SELECT seq, received, uid, root, body, items, skipped FROM records WHERE seq > ? "
-                              "ORDER BY seq", (after,))
+    def records(self, after: int = 0, upto: int | None = None, skip: Collection[int] = ()
+                ) -> Iterator[StoredRecord]:
+        """Stored rows with ``after`` < seq <= ``upto``, in seq order, less the seqs in ``skip``.
+
+        Rows are committed in seq order (one writer at a time), so a reader
+        that has seen every row up to some seq never meets a lower one later.
+        """
+        cur = self.db.execute("SELECT seq, received, uid, root, body, items, skipped FROM records "
+                              "WHERE seq > ? AND seq <= ? AND seq NOT IN (SELECT value FROM json_each(?)) "
+                              "ORDER BY seq", (after, SEQ_MAX if upto is None else upto, json.dumps(sorted(skip))))
         for seq, received, uid, root, body, items, skipped in cur:
             yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
+
+    def analysed_through(self) -> int:
+        """Every record up to this seq has been analysed by a leader (its incidents published)."""
+        row = self.db.execute("SELECT value FROM counters WHERE name = 'analysed'").fetchone()
+        return row[0] if row else 0
+
+    def set_analysed_through(self, seq: int, fence: int) -> None:
+        """The leader (``fence``: its lease token) has analysed every record up to ``seq``; never lowered."""
+        with self._tx() as db:
+            self._check_fence(db, fence)
+            db.execute("INSERT INTO counters(name, value) VALUES ('analysed', ?) "
+                       "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value)", (seq,))
 
     def record_count(self) -> int:
         """Records kept (a batch row counts its items not skipped)."""

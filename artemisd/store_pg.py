@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import psycopg
@@ -35,6 +35,7 @@ from artemisd.store import (
     _QUARANTINE_COLS,
     ACTION_OPEN,
     QUARANTINE_KEPT,
+    SEQ_MAX,
     ActionRow,
     StoredIncident,
     StoredRecord,
@@ -130,11 +131,18 @@ DO $$ BEGIN
 EXCEPTION WHEN feature_not_supported THEN NULL;
 END $$;
 """
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2), (3, SCHEMA_3))
+SCHEMA_4 = """
+INSERT INTO counters(name, value) SELECT 'analysed', COALESCE(MAX(seq), 0) FROM records
+    ON CONFLICT(name) DO NOTHING;
+"""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, SCHEMA_1), (2, SCHEMA_2), (3, SCHEMA_3), (4, SCHEMA_4))
 assert MIGRATIONS[-1][0] == _SQLITE_VERSION, "a migration added to one backend must be added to the other"
 
 # Any fixed number: the key of the advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x61727465  # "arte"
+# ... and the one every instance's records transaction holds from drawing its
+# seqs to its commit, so rows commit in seq order across instances.
+_RECORDS_LOCK = 0x61727466
 _RECORDS_BATCH = 1000
 _RECORDS_PAGE_BYTES = 64 << 20
 
@@ -277,6 +285,12 @@ class PostgresStore:
         if not rows:
             return []
         with self._tx():
+            # Any instance stores records and the leader reads those it did not
+            # store by "seq above the last it read": a row may never commit
+            # after a higher seq is visible.  Drawing seqs and committing under
+            # one lock makes commit order seq order (a writer waits the length
+            # of another's insert, not of its request).
+            self.db.execute("SELECT pg_advisory_xact_lock(%s)", (_RECORDS_LOCK,))
             # The seqs are drawn first and sorted, so they grow in the rows' order
             # (what records() replays by) whatever order nextval ran in; COPY then
             # writes the batch in one round trip.
@@ -356,15 +370,18 @@ class PostgresStore:
             self.db.execute("DELETE FROM records WHERE job = %s", (job,))
             self.db.execute("DELETE FROM throughput WHERE job = %s", (job,))
 
-    def records(self, after: int = 0) -> Iterator[StoredRecord]:
+    def records(self, after: int = 0, upto: int | None = None, skip: Collection[int] = ()
+                ) -> Iterator[StoredRecord]:
         # In pages by seq: lazy like SQLite's cursor, without a transaction held
         # open across the caller's other calls while it replays.  A page is at
         # most _RECORDS_BATCH rows and _RECORDS_PAGE_BYTES of bodies (at least
         # one row): a batch row holds a whole window (~1 KB per rank), and a
         # thousand of them would be gigabytes in one fetch.
+        upto = SEQ_MAX if upto is None else upto
+        left_out = sorted(skip)
         while True:
-            sizes = self._all("SELECT seq, octet_length(body) FROM records WHERE seq > %s ORDER BY seq LIMIT %s",
-                              (after, _RECORDS_BATCH))
+            sizes = self._all("SELECT seq, octet_length(body) FROM records WHERE seq > %s AND seq <= %s "
+                              "AND NOT (seq = ANY(%s)) ORDER BY seq LIMIT %s", (after, upto, left_out, _RECORDS_BATCH))
             if not sizes:
                 return
             total, last = 0, sizes[0][0]
@@ -373,13 +390,28 @@ class PostgresStore:
                     break
                 total, last = total + size, seq
             page = self._all("SELECT seq, received, uid, root, body, items, skipped FROM records "
-                             "WHERE seq > %s AND seq <= %s ORDER BY seq", (after, last))
+                             "WHERE seq > %s AND seq <= %s AND NOT (seq = ANY(%s)) ORDER BY seq",
+                             (after, last, left_out))
             for seq, received, uid, root, body, items, skipped in page:
                 yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
             after = last
 
     def record_count(self) -> int:
         return self._one(f"SELECT {_RECORD_COUNT} FROM records")[0]
+
+    def analysed_through(self) -> int:
+        row = self._one("SELECT value FROM counters WHERE name = 'analysed'")
+        return row[0] if row else 0
+
+    def set_analysed_through(self, seq: int, fence: int) -> None:
+        with self._tx():
+            # Written after every batch the leader stores and analyses: no WAL
+            # flush of its own.  A crash that loses it leaves the mark lower,
+            # and the next leader analyses those rows once more (what it did before the mark).
+            self.db.execute("SET LOCAL synchronous_commit TO OFF")
+            self._check_fence(fence)
+            self.db.execute("INSERT INTO counters(name, value) VALUES ('analysed', %s) ON CONFLICT(name) "
+                            "DO UPDATE SET value = GREATEST(counters.value, excluded.value)", (seq,))
 
     # --- jobs and throughput ------------------------------------------------
 

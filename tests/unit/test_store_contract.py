@@ -152,6 +152,56 @@ def test_records_replay_in_order_in_pages_bounded_by_bytes(backend, store, monke
     assert [r.body for r in store.records(after=next(store.records()).seq + 2)] == bodies[3:]
 
 
+def test_records_between_two_seqs_less_those_skipped(store):
+    seqs = store.add_records([("1", n, "n1", float(n), None, False, json.dumps({"n": n})) for n in range(6)])
+    assert [r.seq for r in store.records(after=seqs[0], upto=seqs[4], skip={seqs[2], 10**12})] == \
+        [seqs[1], seqs[3], seqs[4]]
+    assert [r.seq for r in store.records(after=seqs[3])] == seqs[4:]
+
+
+def test_rows_commit_in_seq_order_across_instances(backend):
+    """Any instance stores reports and the leader reads what it did not store by "seq above
+    the last it read": a row committed after a higher seq is visible would never be read.
+    Here one instance's insert is held for a second (a trigger) while another stores a row;
+    the second row's seq comes after the first's, and it is not stored before the first."""
+    if backend.name == "sqlite":
+        pytest.skip("SQLite has one writer at a time by its own lock")
+    slow, fast, reader = backend.open(), backend.open(), backend.open()
+    try:
+        with slow.db.transaction():  # type: ignore[attr-defined]
+            slow.db.execute("CREATE FUNCTION held() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "  # type: ignore[attr-defined]
+                            "IF NEW.job = 'slow' THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$")
+            slow.db.execute("CREATE TRIGGER held BEFORE INSERT ON records FOR EACH ROW EXECUTE FUNCTION held()")  # type: ignore[attr-defined]
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(slow.add_records, [("slow", 0, "n1", 1.0, None, False, "{}")])
+            time.sleep(0.3)  # the slow insert has drawn its seq and sleeps in its trigger
+            [second] = fast.add_records([("fast", 0, "n2", 2.0, None, False, "{}")])
+            seen = [r.seq for r in reader.records()]
+            [held] = first.result()
+        assert held < second
+        assert seen == [held, second]  # never the later seq alone
+    finally:
+        slow.close(), fast.close(), reader.close()
+
+
+def test_the_analysed_mark_is_the_leaders_and_never_goes_back(backend):
+    a, b = backend.open(), backend.open()
+    try:
+        assert a.analysed_through() == 0
+        token_a = a.take_lease(LEADER, "a", ttl=300).token
+        a.set_analysed_through(5, token_a)
+        a.set_analysed_through(3, token_a)  # a late write of an older mark
+        assert b.analysed_through() == 5
+        a.release_lease(LEADER, "a")
+        token_b = b.take_lease(LEADER, "b", ttl=300).token
+        with pytest.raises(Fenced):
+            a.set_analysed_through(9, token_a)  # deposed: it cannot say what the new leader analysed
+        b.set_analysed_through(7, token_b)
+        assert a.analysed_through() == 7
+    finally:
+        a.close(), b.close()
+
+
 def test_jobs_last_seen_and_highest_window(store):
     store.add_records([("1", 5, "n1", 10.0, None, False, "{}"), ("1", 3, "n1", 11.0, None, False, "{}"),
                        ("2", None, "n1", 12.0, 0, True, "{}")])
@@ -479,7 +529,9 @@ def test_a_sqlite_file_from_before_versions_is_version_1_unchanged(tmp_path):
     assert set(after) - set(tables) == {"schema_version", "leases", "sqlite_autoindex_leases_1",
                                         "instances", "sqlite_autoindex_instances_1",
                                         "sqlite_autoindex_quarantine_1"}
-    assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2, 3]
+    assert [v for v, _ in store.db.execute("SELECT version, applied FROM schema_version")] == [1, 2, 3, 4]
+    # Version 4: every record stored before it was analysed by the leader that stored it.
+    assert store.analysed_through() == 1
     assert [(r.body, r.items, r.skipped) for r in store.records()] == [("{}", 0, frozenset())]
     assert store.quarantine_rows() == [{"seq": 7, "item": None, "job": "1", "node": "n1", "uid": 0,
                                         "reason": "bad", "quarantined": 2.0, "body": '{"w": 0}'}]
