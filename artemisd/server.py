@@ -150,12 +150,6 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
 
 async def post_reports(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    if daemon.role != "leader":
-        # One analysis per job: a standby's would open the same incidents a
-        # second time.  The probe keeps the reports and retries (its next
-        # endpoint, when it has a list); refused before the body is read.
-        leader = daemon.lease.holder if daemon.lease is not None else None
-        return _json({"error": "this artemisd is a standby: reports go to the leader", "leader": leader}, 503)
     started = time.perf_counter()
     async with signed_body(request) as (principal, body):
         # The common body (a clean array of window reports) in one fast pass; any
@@ -168,8 +162,8 @@ async def post_reports(request: web.Request) -> web.Response:
             except IngestError as err:
                 return _error(400, str(err))
             records, rejected = daemon.validate(items)
-        jobs = await daemon.check_jobs(principal, records)
         try:
+            jobs = await daemon.check_jobs(principal, records)
             result = daemon.accept(records, principal, jobs, rejected, fast_body)
         except StoreUnavailable as err:
             log.warning("reports refused for a retry", error=str(err))

@@ -103,7 +103,6 @@ class Daemon:
         self.lease: Lease | None = None
         self._fence: int | None = None  # the lease token while this instance leads
         self._store_down = False  # the last lease request met an unreachable database (logged once)
-        self._caught_up: int | None = None  # the token under which this instance last followed the records
         self.started = time.time()
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
@@ -120,7 +119,11 @@ class Daemon:
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
         self._dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> its probe's dropped_reports
         self._restoring = False
-        self._fed_seq = 0  # the highest stored record seq the analyzer has seen
+        # Every stored record up to _fed_seq is in this instance's analyzer; so
+        # are those above it in _fed_own (the ones it analysed as it stored them, leading).
+        self._fed_seq = 0
+        self._fed_own: set[int] = set()
+        self._marked = 0  # the analysed_through this instance last read or wrote
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
@@ -143,28 +146,75 @@ class Daemon:
         analysis is quarantined (never replayed again) and counted in
         ``restore_skipped`` (``artemis status``).
         """
-        fed, skipped, bound = self._replay(self.store.records())
+        self._marked = self.store.analysed_through()
+        fed, skipped, bound = self._follow_through(self._marked, publish=False)
         self.restore_skipped = skipped
         if fed or bound:
             log.info("state restored", records=fed, skipped=skipped, bound=bound)
         self._update_gauges()
 
     def follow(self) -> int:
-        """A standby's turn: feed the analyzer what the leader stored since the last one.
+        """Feed the analyzer the records stored since the last turn; returns how many were fed.
 
-        The standby's analyzer then holds the same window history and the same
-        incidents as the leader's, so a takeover resumes every incident at
-        once (a verification included) instead of replaying the whole history
-        first.  Only the leader writes records (a standby refuses reports), and
-        it commits them in ``seq`` order, so "after the highest seq fed" misses
-        none.  Returns how many records were fed.
+        Any instance stores the reports it is sent; only the leader analyses
+        them into incidents.  Every instance first takes, without publishing
+        anything, the records a leader has analysed already (up to
+        ``analysed_through``): a standby's analyzer then holds the same window
+        history and incidents as the leader's, so a takeover resumes every
+        incident at once (a verification included).  The leader then analyses
+        and publishes every record above that which it did not store itself
+        (other instances', or a dead leader's last ones), and moves the mark.
+        Rows commit in ``seq`` order (``add_records``), so "above the highest
+        seq fed" misses none.
         """
-        fed, skipped, _ = self._replay(self.store.records(after=self._fed_seq))
+        self._marked = max(self._marked, self.store.analysed_through())
+        fed, skipped, _ = self._follow_through(self._marked, publish=False)
+        if self._fence is not None:
+            more, more_skipped, _ = self._follow_through(None, publish=True)
+            fed, skipped = fed + more, skipped + more_skipped
+            self._mark_analysed()
         self.restore_skipped += skipped
         return fed
 
-    def _replay(self, records: Iterable[StoredRecord]) -> tuple[int, int, int]:
-        """Stored records -> the analyzer, nothing published: (fed, quarantined, incidents bound)."""
+    def _follow_through(self, upto: int | None, publish: bool) -> tuple[int, int, int]:
+        """The records after ``_fed_seq`` up to ``upto`` (None: all stored) that this instance's analyzer
+        has not seen, into it; then every record up to where it read is in it."""
+        if upto is not None and upto <= self._fed_seq:
+            return 0, 0, 0
+        fed = self._replay(self.store.records(after=self._fed_seq, upto=upto, skip=self._fed_own), publish)
+        # Every row up to ``upto`` (or up to the last one stored) was committed
+        # before the read: the ones read and the own ones skipped are all of them.
+        own = {seq for seq in self._fed_own if upto is None or seq <= upto}
+        self._fed_seq = max(self._fed_seq, *own) if own else self._fed_seq
+        self._fed_own -= own
+        return fed
+
+    def _fed_own_rows(self) -> bool:
+        """Move ``_fed_seq`` over the own rows just above it; False where a row this instance did
+        not store lies below one it did (it must be read before the analysis goes on)."""
+        seq = self._fed_seq
+        while seq + 1 in self._fed_own:
+            seq += 1
+            self._fed_own.discard(seq)
+        self._fed_seq = seq
+        return not self._fed_own
+
+    def _mark_analysed(self) -> None:
+        """The leader moves ``analysed_through`` up to what its analyzer holds: after each turn, and
+        after each batch it stored and analysed itself, so a restart (or a takeover) takes those rows
+        as analysed instead of analysing them once more.  Never lowered; under the lease's token."""
+        self._fed_own_rows()
+        if self._fed_seq > self._marked:
+            self.store.set_analysed_through(self._fed_seq, self._fence)  # type: ignore[arg-type]
+            self._marked = self._fed_seq
+
+    def _replay(self, records: Iterable[StoredRecord], publish: bool = False) -> tuple[int, int, int]:
+        """Stored records -> the analyzer: (fed, quarantined, incidents bound).
+
+        ``publish``: the leader analysing records nobody analysed yet, as
+        ``accept`` does; otherwise a restart or a standby following them, whose
+        incidents are the stored ones (bound, nothing published).
+        """
         by_subject: dict[str, list[StoredIncident]] | None = None
 
         def stored_incidents() -> dict[str, list[StoredIncident]]:
@@ -176,8 +226,10 @@ class Daemon:
             return by_subject
 
         bound_before = len(self._bound)
-        self._restoring = True
+        self._restoring = not publish
+        now = self.clock()
         fed = 0
+        ended: list[WindowReport | NodeEvent] = []
         bad: list[tuple[int, str]] = []
         bad_items: list[tuple[int, int, str]] = []
         context = self._context()
@@ -191,8 +243,12 @@ class Daemon:
                         self._seed_run(record)
                     self._remember(record)
                     for update in self.analyzer.ingest(record):
-                        if update.id not in self._bound:
+                        if publish:
+                            self._publish(update, now)
+                        elif update.id not in self._bound:
                             self._bind_restored(update, stored_incidents())
+                    if rec.root:
+                        ended.append(record)
                     fed += 1
                 except Exception as err:  # noqa: BLE001 - stored data must never stop a start
                     reason = f"restore: {err}" if isinstance(err, ReportError) else \
@@ -201,9 +257,12 @@ class Daemon:
                         bad.append((rec.seq, reason))
                     else:
                         bad_items.append((rec.seq, item, reason))
-            self.analyzer.pending_probes()  # the leader issued (or refused) them already
+            if not publish:
+                self.analyzer.pending_probes()  # the leader issued (or refused) them already
         finally:
             self._restoring = False
+        if publish and fed:
+            self._bookkeeping(now, pruned=[], ended=ended)
         if bad or bad_items:
             moved = self.store.quarantine(bad, self.clock()) + self.store.quarantine_items(bad_items, self.clock())
             self.metrics.quarantined.inc(moved)
@@ -342,6 +401,8 @@ class Daemon:
                 out[job] = info
             except SlurmError as err:
                 out[job] = err
+            except StoreUnavailable:
+                raise  # the whole request waits for the database, as storing it would
             except Exception as err:  # noqa: BLE001 - an unreadable answer about one job: that job is refused
                 self._unforeseen("looking up", err)
                 out[job] = None
@@ -352,7 +413,15 @@ class Daemon:
         info = await self._slurm_cached(self._job_info, job, self.config.daemon.job_cache_seconds,
                                         self.slurm.job, fresh, strict, None)
         if info is not None and self._job_info.get(job) is not before:  # read from Slurm just now
-            self.store.set_job_owner(job, info.user_id, info.partition)
+            try:
+                self.store.set_job_owner(job, info.user_id, info.partition)
+            except Exception as err:
+                if self.store.is_unavailable(err):
+                    # Not Slurm's answer that failed: the request is refused for a
+                    # retry, and the owner is written when the job is read again.
+                    del self._job_info[job]
+                    raise StoreUnavailable(f"state database unavailable: {err}") from err
+                raise
         return info
 
     async def _slurm_cached(self, cache: dict, key: str, ttl: float, read: Callable[[str], Any],
@@ -377,7 +446,10 @@ class Daemon:
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                jobs: dict[str, JobInfo | None | SlurmError] | None = None,
                rejected: list[dict[str, Any]] | None = None, body: bytes | None = None) -> IngestResult:
-        """Store and analyze validated records.
+        """Store validated records, and analyse them if this instance leads.
+
+        A standby stores them only: the leader analyses them on its next turn
+        (``follow``), so a job's incidents are opened by one analysis.
 
         ``body``: the request body, where ``ingest.fast_records`` took it whole
         (so it is a JSON array of exactly these records, each item the record
@@ -414,9 +486,19 @@ class Daemon:
             kept.append((index, rec, body is not None and rec is sent))
         rows, places = self._rows(kept, len(records), body, now, principal, result)
         seqs = self._store_rows(rows, places, result)
-        self._fed_seq = max([self._fed_seq, *(seq for seq in seqs if seq is not None)])
+        leading = self._fence is not None
+        if leading:
+            self._fed_own.update(seq for seq in seqs if seq is not None)
+            if not self._fed_own_rows():
+                # Another instance stored rows since this one last read: they go
+                # into the analysis first, so a job's windows are analysed in the
+                # order they were stored whichever instance its ranks reached.
+                try:
+                    self.follow()
+                except Exception as err:  # noqa: BLE001 - the next turn reads them; this batch goes on
+                    self._unforeseen("reading other instances' records before", err)
         steps: set[tuple[str, str]] = set()
-        analysed: list[WindowReport | NodeEvent] = []
+        taken: list[WindowReport | NodeEvent] = []
         failed: list[tuple[int, str]] = []
         failed_items: list[tuple[int, int, str]] = []
         for row, seq, members in zip(rows, seqs, places):
@@ -424,7 +506,9 @@ class Daemon:
                 continue
             for item, (index, rec) in enumerate(members):
                 try:
-                    self._analyse(rec, principal, now, row[6], steps)
+                    self._received(rec, principal, now, row[6], steps)
+                    if leading:
+                        self._analyse(rec, now)
                 except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
                     reason = self._unforeseen("analysing", err)
                     if row[7]:
@@ -433,23 +517,21 @@ class Daemon:
                         failed.append((seq, reason))
                     result.rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
                     continue
-                analysed.append(rec)
+                taken.append(rec)
         if failed or failed_items:
             moved = self.store.quarantine(failed, now) + self.store.quarantine_items(failed_items, now)
             self.metrics.quarantined.inc(moved)
-        result.accepted = len(analysed)
-        self.metrics.reports.labels("accepted").inc(len(analysed))
+        result.accepted = len(taken)
+        self.metrics.reports.labels("accepted").inc(len(taken))
         self.metrics.reports.labels("rejected").inc(len(result.rejected))
-        # The records are stored and analysed: what follows is the batch's
-        # bookkeeping, and its failure must not turn their acceptance into a 5xx.
-        for stage, step_fn in (("issuing probes for", lambda: self._issue_probes(now)),
-                               ("pruning the history of", lambda: self._prune(analysed)),
-                               ("forgetting the ended jobs of", lambda: principal.root_side
-                                and self._forget_ended(analysed))):
+        # Forgetting an ended job reads its incidents' states: the leader's, after it analysed the job_end.
+        self._bookkeeping(now, pruned=taken, ended=taken if principal.root_side and leading else [],
+                          probes=leading)
+        if leading:
             try:
-                step_fn()
-            except Exception as err:  # noqa: BLE001 - logged once per kind; the reply stands
-                self._unforeseen(stage, err)
+                self._mark_analysed()
+            except Exception as err:  # noqa: BLE001 - the next turn writes it; the reply stands
+                self._unforeseen("marking analysed", err)
         for job, step in sorted(steps):
             try:
                 result.directives.extend(self.store.directives_for(job, step, now))
@@ -457,20 +539,37 @@ class Daemon:
                 self._unforeseen("reading the directives of", err)
         return result
 
-    def _analyse(self, rec: WindowReport | NodeEvent, principal: Principal, now: float, text: str,
-                 steps: set[tuple[str, str]]) -> None:
-        """One stored record to the analyzer (and a root-side node event, ``text``, to the node's evidence)."""
+    def _received(self, rec: WindowReport | NodeEvent, principal: Principal, now: float, text: str,
+                  steps: set[tuple[str, str]]) -> None:
+        """What the instance a stored record came to keeps of it, leading or not: a root-side node
+        event (``text``) as the node's evidence, a matched probe's cost, the step to send directives to."""
         if type(rec) is NodeEvent and principal.root_side:
             self.store.set_node_evidence(rec.node, now, principal.uid, text)
-        self._remember(rec)
         if rec.type == "window":
             steps.add((rec.job, split_run(rec.step)[0]))
             if rec.probe is not None:
                 self.store.probe_result(rec.probe.id, rec.probe.cost_ms)
                 if rec.probe.cost_ms:
                     self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
+
+    def _analyse(self, rec: WindowReport | NodeEvent, now: float) -> None:
+        """One stored record to the leader's analyzer, its incidents published."""
+        self._remember(rec)
         for update in self.analyzer.ingest(rec):
             self._publish(update, now)
+
+    def _bookkeeping(self, now: float, pruned: list[WindowReport | NodeEvent], ended: list[WindowReport | NodeEvent],
+                     probes: bool = True) -> None:
+        """After records are stored (and analysed): the matched probes the analysis asked for, the
+        history pruned, ended jobs forgotten.  Their failure never turns the records' acceptance into
+        an error: each kind is logged once."""
+        for stage, step_fn in (("issuing probes for", lambda: probes and self._issue_probes(now)),
+                               ("pruning the history of", lambda: self._prune(pruned)),
+                               ("forgetting the ended jobs of", lambda: self._forget_ended(ended))):
+            try:
+                step_fn()
+            except Exception as err:  # noqa: BLE001 - logged once per kind; the reply stands
+                self._unforeseen(stage, err)
 
     def _rows(self, kept: list[tuple[int, WindowReport | NodeEvent, bool]], sent: int, body: bytes | None,
               now: float, principal: Principal, result: IngestResult
@@ -802,18 +901,16 @@ class Daemon:
 
     async def run_once(self) -> None:
         """One turn: as the leader, decide what confirmed incidents get, run due actions,
-        verify, close recovered ones; as a standby, follow the leader's records (``follow``)."""
+        verify, close recovered ones; as a standby, follow the records the leader analysed (``follow``)."""
         if not self._lead():
             if not self._store_down:  # an unreachable database was logged once by _lead
                 self.follow()
                 self._update_gauges()
             return
-        if self._fence != self._caught_up:
-            # A new token: another instance may have led and stored records since
-            # this one last followed; they go into the analysis before anything is decided.
-            self.follow()
-            self._caught_up = self._fence
         try:
+            # What other instances stored since the last turn (all of it after a
+            # takeover) goes into the analysis before anything is decided.
+            self.follow()
             await self._lead_once()
         except Fenced as err:
             # Deposed between renewing and writing: another instance leads now

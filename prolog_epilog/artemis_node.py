@@ -388,8 +388,8 @@ def request(cfg: NodeConfig, method: str, path: str, payload: Any = None,
     attempt = 0
     while True:
         attempt += 1
-        # Each daemon of the list once per round: one that is down, or a
-        # standby (503), passes the request on to the next at once.
+        # Each daemon of the list once per round: one that is down, or
+        # answers 503 (its database unreachable), passes the request on at once.
         deferred_s: float | None = None
         failures = []
         for base in bases:

@@ -8,7 +8,8 @@ training job's probes through a PostgreSQL restart and a leader's death:
 test_ha_training.py.  The fault's root-side evidence is the cluster's own node
 check (the emulated GPU runs hot), stored in the shared database.
 
-1. Killed between decision and action: the leader's ``scontrol`` is a wrapper that
+1. Killed between decision and action (the job's windows sent to both instances in
+   turn: any instance takes reports): the leader's ``scontrol`` is a wrapper that
    holds the drain call (the intent and claim are in the database, Slurm has not
    been asked) until the test SIGKILLs both.  The standby takes over and drains
    once, under its own token.
@@ -73,19 +74,24 @@ def slow_job(cluster: SlurmCluster) -> Iterator[tuple[str, list[str], list[str]]
         yield job, nodes, [nodes[r // 2] for r in range(4)]
 
 
-def _feed(cluster: SlurmCluster, daemon: ArtemisDaemon, job: str, ranks: list[str], seqs: range, slow: bool) -> None:
-    for window in windows(job, ranks, seqs, slow=slow):
-        send(cluster, daemon.url, window)
+def _feed(cluster: SlurmCluster, daemons: ArtemisDaemon | list[ArtemisDaemon], job: str, ranks: list[str],
+          seqs: range, slow: bool) -> None:
+    """The windows, each to the next of ``daemons`` in turn (any instance takes reports)."""
+    daemons = daemons if isinstance(daemons, list) else [daemons]
+    for n, window in enumerate(windows(job, ranks, seqs, slow=slow)):
+        reply = send(cluster, daemons[n % len(daemons)].url, window)
+        assert reply["accepted"] == len(window), reply
 
 
-def _confirm(pair: Pair, daemon: ArtemisDaemon, job: str, nodes: list[str], ranks: list[str]) -> None:
+def _confirm(pair: Pair, daemons: ArtemisDaemon | list[ArtemisDaemon], job: str, nodes: list[str],
+             ranks: list[str]) -> None:
     """Eight healthy windows, the root-side evidence, three slow ones: the incident is confirmed."""
-    _feed(pair.cluster, daemon, job, ranks, range(0, 8), slow=False)
+    _feed(pair.cluster, daemons, job, ranks, range(0, 8), slow=False)
     if pair.cluster.health_interval_s > 0:
         pair.wait_evidence(nodes[1])
     else:
-        _hand_evidence(pair.cluster, daemon, nodes[1])
-    _feed(pair.cluster, daemon, job, ranks, range(8, 11), slow=True)
+        _hand_evidence(pair.cluster, daemons if isinstance(daemons, ArtemisDaemon) else daemons[-1], nodes[1])
+    _feed(pair.cluster, daemons, job, ranks, range(8, 11), slow=True)
 
 
 def _hand_evidence(cluster: SlurmCluster, daemon: ArtemisDaemon, node: str) -> None:
@@ -116,7 +122,9 @@ def test_leader_killed_between_decision_and_drain(clean_cluster: SlurmCluster, p
     env, held = _held_scontrol(tmp_path, clean_cluster)
     with slow_job(clean_cluster) as (job, nodes, ranks), \
             Pair(clean_cluster, pg_server, tmp_path, "failover_decision", a_env=env).running() as pair:
-        _confirm(pair, pair.a, job, nodes, ranks)
+        # The job's windows reach both instances in turn: the standby stores what it is sent (a real
+        # munge credential and Slurm's word on the job checked there too), the leader analyses it all.
+        _confirm(pair, [pair.b, pair.a], job, nodes, ranks)
         wait_until(held.exists, "the leader's drain call to reach scontrol", timeout_s=60, interval_s=0.05,
                    daemon=pair.a.daemon)
         # At once: a turn held in a Slurm call renews no lease, so the standby would take over

@@ -92,8 +92,6 @@ def test_a_standby_takes_over_a_dead_leader_and_drains_once(pg_server, tmp_path)
             assert (health["leader"]["instance"], health["leader"]["token"]) == (a.daemon.instance, 1)
             status = await (await b.client.get("/v1/status")).json()
             assert (status["role"], status["leader"]) == ("standby", a.daemon.instance)
-            refused = await b.client.post("/v1/reports", data=body(lockstep(0, HEALTHY, nodes=NODES)))
-            assert refused.status == 503 and (await refused.json())["leader"] == a.daemon.instance
 
             await hot_gpu_confirmed(a, range(8, 12))
             [inc] = await a.incidents()
@@ -182,6 +180,51 @@ def test_a_warm_standby_resumes_a_confirmation_where_the_dead_leader_left_it(pg_
     run(scenario)
 
 
+def test_any_instance_takes_reports_and_the_leader_alone_analyses_them(pg_server, tmp_path):  # noqa: F811
+    """The probes of one job send to either instance: the standby stores what it is sent and
+    answers, the leader analyses those records on its next turn with its own, and the job
+    gets one incident (not one per instance), which the standby's analyzer follows."""
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "anyone") as (a, b, _):
+            for seq in range(0, 8):  # every other healthy window to the standby
+                await (a if seq % 2 else b).windows(range(seq, seq + 1), HEALTHY)
+            # The leader took no turn: each batch it was sent had the standby's before it analysed first.
+            assert [w for w, _ in a.daemon.analyzer.throughput("100", "0")] == list(range(8))
+            await b.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
+            replies = await b.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
+            assert [r["accepted"] for r in replies] == [8, 8, 8, 8]
+            assert b.daemon.role == "standby" and await b.incidents() == []  # stored, not analysed
+            for _ in range(2):
+                await a.daemon.run_once()  # the leader's turn analyses them
+                await b.daemon.run_once()  # the standby's follows what it analysed
+            [inc] = await a.incidents()
+            assert (inc["cause"], inc["rank"], inc["node"], inc["onset_window"]) == ("gpu.thermal", 2, "n1", 8)
+            assert a.daemon.store.node_evidence("n1") is not None  # the node check's event, kept by the standby
+            assert set(b.daemon._bound.values()) == {inc["id"]}  # the standby's analysis is bound to it
+            assert b.daemon.analyzer.throughput("100", "0") == a.daemon.analyzer.throughput("100", "0")
+            assert len(a.daemon.analyzer.throughput("100", "0")) == 12
+            assert b.daemon.store.record_count() == 12 * 8 + 1
+    run(scenario)
+
+
+def test_what_a_standby_stored_before_the_leader_died_is_analysed_by_the_next_leader(pg_server, tmp_path):  # noqa: F811
+    """The leader dies before its turn reads what the standby stored: the standby never
+    analysed those records (the leader had not), so taking over it analyses them and
+    publishes what they show, instead of taking them as already decided."""
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "orphans") as (a, b, _):
+            await a.windows(range(0, 8), HEALTHY)
+            await a.node_event("n1", gpus=[{"index": 0, "util_pct": 97, "temp_c": 93, "throttle": ["sw_thermal"]}])
+            await a.daemon.run_once()
+            await b.windows(range(8, 12), SLOW_BUSY, gpu=HOT)  # a is dead: no more turns
+            assert await b.incidents() == []
+            await takes_over(b)
+            [inc] = await b.incidents()
+            assert (inc["cause"], inc["rank"], inc["onset_window"]) == ("gpu.thermal", 2, 8)
+            assert inc["state"] != "suspect"
+    run(scenario)
+
+
 def test_a_store_reconnects_after_the_server_restarts(pg_server):  # noqa: F811
     import psycopg
 
@@ -222,6 +265,32 @@ def test_reports_meeting_a_restarted_database_are_refused_for_a_retry_and_lost_b
                 assert h.daemon.role == "leader" and h.daemon.lease.token == 1  # renewed, not retaken
         finally:
             pg_server.drop_database("ingest_restart")
+    run(scenario)
+
+
+def test_a_users_reports_meeting_a_database_down_are_deferred_not_refused(pg_server, tmp_path):  # noqa: F811
+    """Checking a user's job writes what Slurm said of it (owner, partition) to the database:
+    with the database down, the request is answered 503 for a retry, never "job not known to
+    Slurm" (a 200 that would lose the reports), and the job is read again once it is back."""
+    from artemisd.auth import Principal
+    from artemisd.ingest import fast_records
+    from artemisd.store import StoreUnavailable
+
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "jobcheck") as (_, b, slurm):
+            owner = Principal(uid=1000, gid=1000, root_side=False, admin=False)
+            records = fast_records(body(lockstep(0, HEALTHY, nodes=NODES)), 100_000)
+            with pg_server.down():
+                with pytest.raises(StoreUnavailable):
+                    await b.daemon.check_jobs(owner, records)
+            for _ in range(20):  # the store tries to connect again a third of LeaseTime after a failure
+                try:
+                    jobs = await b.daemon.check_jobs(owner, records)
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.2)
+            assert jobs["100"].user_id == 1000 and b.daemon.store.job_partition("100") == slurm.jobs["100"].partition
+            assert b.daemon.accept(records, owner, jobs).accepted == len(HEALTHY)
     run(scenario)
 
 
