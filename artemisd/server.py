@@ -5,7 +5,7 @@ Endpoints (JSON unless noted; docs/architecture.md "Daemon"):
     POST /v1/reports                      window reports / node events (array or JSON Lines)
     GET  /v1/incidents[?all=1]            incidents (suspects and dismissed only with all=1)
     GET  /v1/incidents/{id}               one incident, its actions and audit trail
-    GET  /v1/incidents/{id}/windows       the job's stored per-rank windows (for plots)
+    GET  /v1/incidents/{id}/windows       the job's newest stored per-rank windows (for plots)
     POST /v1/incidents/{id}/approve|deny  admin only
     GET  /v1/nodes/{node}/corrections     root/SlurmUser only: corrections the node check applies
     POST /v1/nodes/{node}/corrections/{id}  root/SlurmUser only: {"status": "done"|"failed", "detail"}
@@ -55,6 +55,7 @@ from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate,
                                 fit_connections_to_fd_limit, gate_middleware, read_body)
 
 TICK_S = 1.0
+WINDOW_REPORTS_SHOWN = 50_000  # GET /v1/incidents/{id}/windows: the newest reports of the job, at most
 STORE_RETRY_S = 5  # Retry-After while the state database is unreachable
 # After answering a request whose body it did not read (401, 413), aiohttp
 # reads and discards the rest this long before closing, so the client gets
@@ -202,8 +203,12 @@ async def get_incident_windows(request: web.Request) -> web.Response:
     stored = daemon.store.incident(request.match_info["id"])
     if stored is None:
         return _error(404, f"no incident {request.match_info['id']}")
+    # Reads are open to every user and run on the daemon's loop: a job of 100k
+    # ranks keeps millions of reports, so only the newest WINDOW_REPORTS_SHOWN
+    # are decoded and sent (whole rows: a window as a body posted it); ``left_out`` counts the older ones.
+    recent, left_out = daemon.store.recent_window_records(stored.job, WINDOW_REPORTS_SHOWN)
     windows = []
-    for rec in daemon.store.window_records(stored.job):
+    for rec in recent:
         ms = rec.get("ms") or {}
         busy = ms.get("busy")
         if busy is None and ms.get("step") is not None and ms.get("comm_wait") is not None:
@@ -217,7 +222,7 @@ async def get_incident_windows(request: web.Request) -> web.Response:
                         "node": rec.get("node"), "step": ms.get("step"), "busy": busy,
                         "comm_wait": ms.get("comm_wait"), "samples": rec.get("samples"),
                         "t0": window.get("t0"), "t1": window.get("t1")})
-    return _json({"incident": stored.body, "windows": windows})
+    return _json({"incident": stored.body, "windows": windows, "left_out": left_out})
 
 
 async def post_decision(request: web.Request) -> web.Response:

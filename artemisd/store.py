@@ -257,6 +257,15 @@ def skipped_items(text: str | None) -> frozenset[int]:
     return frozenset(json.loads(text)) if text else frozenset()
 
 
+# The oldest seq of ``job``'s newest window rows that hold at most ``at_most``
+# reports together (the newest row always, however many it holds): read from
+# each row's ``items``, never its body.
+RECENT_WINDOWS_FROM = (
+    "SELECT MIN(seq) FROM (SELECT seq, SUM(CASE WHEN items > 0 THEN items ELSE 1 END) OVER (ORDER BY seq DESC) "
+    "AS reports, ROW_NUMBER() OVER (ORDER BY seq DESC) AS newest FROM records "
+    "WHERE job = ? AND \"window\" IS NOT NULL) AS recent WHERE reports <= ? OR newest = 1")
+
+
 def window_bodies(rows: Iterable[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
     """Rows (body, items, skipped) -> every record they hold, decoded, skipped items left out."""
     out: list[dict[str, Any]] = []
@@ -350,6 +359,7 @@ class StateStore(Protocol):
     def add_throughput(self, job: str, step: str, window: int, samples_per_s: float, ranks: int) -> None: ...
     def throughput(self, job: str, step: str | None = None) -> list[tuple[str, int, float]]: ...
     def window_records(self, job: str) -> list[dict[str, Any]]: ...
+    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]: ...
     def save_incident(self, inc: StoredIncident) -> None: ...
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
                   decide: bool | None = None) -> list[StoredIncident]: ...
@@ -644,6 +654,18 @@ class Store:
     def window_records(self, job: str) -> list[dict[str, Any]]:
         return window_bodies(self.db.execute("SELECT body, items, skipped FROM records "
                                              "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
+
+    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]:
+        """``job``'s newest stored window reports, whole rows up to ``at_most`` reports (the newest row
+        whatever its size: at most ``MaxWorld``), in stored order; and how many older ones were left out."""
+        (oldest,) = self.db.execute(RECENT_WINDOWS_FROM, (job, at_most)).fetchone()
+        if oldest is None:
+            return [], 0
+        rows = window_bodies(self.db.execute("SELECT body, items, skipped FROM records WHERE job = ? AND "
+                                             "window IS NOT NULL AND seq >= ? ORDER BY seq", (job, oldest)))
+        (left_out,) = self.db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE job = ? AND window IS NOT NULL "
+                                      "AND seq < ?", (job, oldest)).fetchone()
+        return rows, left_out
 
     # --- incidents --------------------------------------------------------
 

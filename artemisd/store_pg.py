@@ -35,6 +35,7 @@ from artemisd.store import (
     _QUARANTINE_COLS,
     ACTION_OPEN,
     QUARANTINE_KEPT,
+    RECENT_WINDOWS_FROM,
     SEQ_MAX,
     ActionRow,
     StoredIncident,
@@ -451,6 +452,16 @@ class PostgresStore:
     def window_records(self, job: str) -> list[dict[str, Any]]:
         return window_bodies(self._all('SELECT body, items, skipped FROM records WHERE job = %s '
                                        'AND "window" IS NOT NULL ORDER BY seq', (job,)))
+
+    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]:
+        (oldest,) = self._one(RECENT_WINDOWS_FROM.replace("?", "%s"), (job, at_most))
+        if oldest is None:
+            return [], 0
+        rows = window_bodies(self._all('SELECT body, items, skipped FROM records WHERE job = %s '
+                                       'AND "window" IS NOT NULL AND seq >= %s ORDER BY seq', (job, oldest)))
+        (left_out,) = self._one(f'SELECT {_RECORD_COUNT} FROM records WHERE job = %s AND "window" IS NOT NULL '
+                                'AND seq < %s', (job, oldest))
+        return rows, left_out
 
     # --- incidents --------------------------------------------------------
 

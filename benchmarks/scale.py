@@ -24,7 +24,12 @@ as CPU seconds per 100,000 reports:
   (``Daemon.follow``: read, decode, validate, analyse) — a standby's steady
   cost, and the work of a takeover, which follows the last turn's records;
 * **restore**: a daemon started on that database (``Daemon.restore``, as after
-  a restart of every instance).
+  a restart of every instance);
+* **standby accept** and **leader analyses it**: the same windows posted to
+  the standby of a second pair (any instance takes reports): its ``accept``
+  (validated bodies checked, stored, nothing analysed), then the leader's
+  turn (``Daemon.follow``: read back, decode, analyse, publish).  Read
+  against **accept**, it is the leader's CPU a standby takes off it.
 
 The sizing table extrapolates linearly from those per-report costs (every one
 of them is linear in the reports: per-record work plus one analysis per
@@ -180,8 +185,35 @@ def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
             out["restore"] = time.process_time() - start
             for d in (leader, standby, restarted):
                 d.store.close()
+            out.update(split_analysis(pg, secret, bodies, ranks))
     finally:
         pg.stop()
+    return out
+
+
+def split_analysis(pg: PgServer, secret: Path, bodies: list[list[bytes]], ranks: int) -> dict[str, float]:
+    """A second pair on a fresh database: every window posted to the standby, which stores it; the
+    leader's next turn analyses it.  CPU seconds of each side."""
+    url = pg.create_database("scale_split")
+    leader = daemon(url, secret, "127.0.0.1:7711", ranks)
+    standby = daemon(url, secret, "127.0.0.1:7712", ranks)
+    assert (leader.role, standby.role) == ("leader", "standby")
+    out = {"standby_accept": 0.0, "leader_analyses_it": 0.0}
+    for window_bodies in bodies:
+        batches = [read(standby, body) for body in window_bodies]
+        start = time.process_time()
+        for records, rejected, fast_body in batches:
+            result = standby.accept(records, TRUSTED_LOCAL, {}, rejected, fast_body)
+            assert not result.rejected and result.accepted == len(records), result.rejected[:3]
+        out["standby_accept"] += time.process_time() - start
+        del batches
+        start = time.process_time()
+        fed = leader.follow()
+        out["leader_analyses_it"] += time.process_time() - start
+        assert fed == ranks, (fed, ranks)
+    assert leader.store.analysed_through() > 0
+    for d in (leader, standby):
+        d.store.close()
     return out
 
 

@@ -155,6 +155,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         windows = client.request("GET", f"/v1/incidents/{args.incident}/windows")
         plot_timeline(windows, args.plot, audit=data["audit"])
         print(f"\nwrote {args.plot}", file=sys.stderr)
+        if windows.get("left_out"):
+            print(f"(the job's newest {len(windows['windows']):,} window reports; the daemon left out "
+                  f"{windows['left_out']:,} older ones)", file=sys.stderr)
     return 0
 
 

@@ -219,6 +219,24 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
     run(scenario)
 
 
+def test_the_windows_a_plot_reads_are_the_newest_and_bounded(tmp_path, monkeypatch):
+    """Anyone may read them and they are decoded on the daemon's loop: a job of 100k ranks keeps
+    millions of reports, so only the newest WINDOW_REPORTS_SHOWN come back, whole windows, and
+    ``left_out`` counts the older ones."""
+    import artemisd.server as server
+
+    monkeypatch.setattr(server, "WINDOW_REPORTS_SHOWN", 20)  # two and a half windows of 8 ranks
+
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11))
+            [inc] = await h.incidents()
+            got = await (await h.client.get(f"/v1/incidents/{inc['id']}/windows")).json()
+            assert sorted({w["seq"] for w in got["windows"]}) == [9, 10] and len(got["windows"]) == 16
+            assert got["left_out"] == 9 * 8  # windows 0-8 (the node check's event is not a window report)
+    run(scenario)
+
+
 def test_person_drained_node_is_left_alone(tmp_path):
     async def scenario():
         slurm = cluster()

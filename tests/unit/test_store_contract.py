@@ -202,6 +202,23 @@ def test_the_analysed_mark_is_the_leaders_and_never_goes_back(backend):
         a.close(), b.close()
 
 
+def test_the_newest_window_rows_up_to_a_number_of_reports(store):
+    batch = lambda w, n: (("1", w, None, float(w), None, False,  # noqa: E731
+                           json.dumps([{"w": w, "rank": r} for r in range(n)]), n))
+    store.add_records([batch(0, 4), ("1", 1, "n1", 1.0, None, False, json.dumps({"w": 1, "rank": 0})),
+                       batch(2, 4), ("2", 0, "n1", 2.0, None, False, "{}"), batch(3, 4),
+                       ("1", None, "n1", 3.0, None, True, json.dumps({"type": "node"}))])
+    rows, left_out = store.recent_window_records("1", 8)  # windows 2 and 3: 8 reports; window 1's would be a 9th
+    assert [r["w"] for r in rows] == [2] * 4 + [3] * 4 and left_out == 5
+    rows, left_out = store.recent_window_records("1", 9 + 3)  # window 0's four would be 13
+    assert [r["w"] for r in rows] == [1] + [2] * 4 + [3] * 4 and left_out == 4
+    rows, left_out = store.recent_window_records("1", 9 + 4)
+    assert [r["w"] for r in rows] == [0] * 4 + [1] + [2] * 4 + [3] * 4 and left_out == 0
+    rows, left_out = store.recent_window_records("1", 2)  # the newest row whatever its size
+    assert [r["w"] for r in rows] == [3] * 4 and left_out == 9
+    assert store.recent_window_records("nope", 5) == ([], 0)
+
+
 def test_jobs_last_seen_and_highest_window(store):
     store.add_records([("1", 5, "n1", 10.0, None, False, "{}"), ("1", 3, "n1", 11.0, None, False, "{}"),
                        ("2", None, "n1", 12.0, 0, True, "{}")])
