@@ -202,8 +202,9 @@ class Daemon:
     def _mark_analysed(self) -> None:
         """The leader moves ``analysed_through`` up to what its analyzer holds: after each turn, and
         after each batch it stored and analysed itself, so a restart (or a takeover) takes those rows
-        as analysed instead of analysing them once more.  Never lowered; under the lease's token."""
-        self._fed_own_rows()
+        as analysed instead of analysing them once more.  Never lowered; under the lease's token.
+        Its callers have moved ``_fed_seq`` already (``_follow_through`` over every row, ``accept``
+        over its own contiguous rows)."""
         if self._fed_seq > self._marked:
             self.store.set_analysed_through(self._fed_seq, self._fence)  # type: ignore[arg-type]
             self._marked = self._fed_seq
