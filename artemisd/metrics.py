@@ -16,6 +16,9 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.reports = Counter("artemis_reports_total", "Records received, by outcome", ["outcome"], registry=r)
+        # Every request counts both: the children once, not looked up per request.
+        self.accepted = self.reports.labels("accepted")
+        self.rejected = self.reports.labels("rejected")
         self.ingest_seconds = Histogram("artemis_ingest_seconds", "Time to ingest one POST /v1/reports",
                                         registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5))
         self.incidents = Gauge("artemis_incidents", "Incidents by state", ["state"], registry=r)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -57,6 +58,11 @@ VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolv
 # A claim outside the cached allocation re-reads the job at most this often:
 # a requeued job has new nodes, but a wrong claim must not cost a Slurm call each.
 ALLOCATION_RECHECK_S = 5.0
+# Between turns, the leader writes analysed_through at most this often: a
+# write per request was a second transaction on every one-report POST (~100 us
+# of its ~290), and a crash loses at most this long of the mark (those rows are
+# analysed again, publishing nothing new).  Turns and a clean stop always write it.
+MARK_EVERY_S = 1.0
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
@@ -124,10 +130,17 @@ class Daemon:
         self._fed_seq = 0
         self._fed_own: set[int] = set()
         self._marked = 0  # the analysed_through this instance last read or wrote
+        self._marked_at = -math.inf  # time.monotonic() of this instance's last write of it
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
-        self._lead()  # a lone instance leads from its first request, not from its first turn
+        if self._lead():  # a lone instance leads from its first request, not from its first turn
+            # ... with what it stored and had not marked analysed before it stopped
+            # (its last second, after a crash), as the first turn would.
+            try:
+                self.follow()
+            except Exception as err:  # noqa: BLE001 - the first turn follows them
+                log.warning("records above the analysed mark left to the first turn", error=str(err))
 
     # --- configuration ---------------------------------------------------
 
@@ -199,15 +212,17 @@ class Daemon:
         self._fed_seq = seq
         return not self._fed_own
 
-    def _mark_analysed(self) -> None:
-        """The leader moves ``analysed_through`` up to what its analyzer holds: after each turn, and
-        after each batch it stored and analysed itself, so a restart (or a takeover) takes those rows
-        as analysed instead of analysing them once more.  Never lowered; under the lease's token.
-        Its callers have moved ``_fed_seq`` already (``_follow_through`` over every row, ``accept``
-        over its own contiguous rows)."""
-        if self._fed_seq > self._marked:
+    def _mark_analysed(self, every_s: float = 0.0) -> None:
+        """The leader moves ``analysed_through`` up to what its analyzer holds: after each turn, on a
+        clean stop, and between turns after the batches it stored and analysed itself, at most once
+        per ``every_s`` (``MARK_EVERY_S``), so a restart (or a takeover) takes those rows as analysed
+        instead of analysing them once more.  Never lowered; under the lease's token.  Its callers
+        have moved ``_fed_seq`` already (``_follow_through`` over every row, ``accept`` over its own
+        contiguous rows)."""
+        if self._fed_seq > self._marked and time.monotonic() - self._marked_at >= every_s:
             self.store.set_analysed_through(self._fed_seq, self._fence)  # type: ignore[arg-type]
             self._marked = self._fed_seq
+            self._marked_at = time.monotonic()
 
     def _replay(self, records: Iterable[StoredRecord], publish: bool = False) -> tuple[int, int, int]:
         """Stored records -> the analyzer: (fed, quarantined, incidents bound).
@@ -523,14 +538,14 @@ class Daemon:
             moved = self.store.quarantine(failed, now) + self.store.quarantine_items(failed_items, now)
             self.metrics.quarantined.inc(moved)
         result.accepted = len(taken)
-        self.metrics.reports.labels("accepted").inc(len(taken))
-        self.metrics.reports.labels("rejected").inc(len(result.rejected))
+        self.metrics.accepted.inc(len(taken))
+        self.metrics.rejected.inc(len(result.rejected))
         # Forgetting an ended job reads its incidents' states: the leader's, after it analysed the job_end.
         self._bookkeeping(now, pruned=taken, ended=taken if principal.root_side and leading else [],
                           probes=leading)
         if leading:
             try:
-                self._mark_analysed()
+                self._mark_analysed(MARK_EVERY_S)
             except Exception as err:  # noqa: BLE001 - the next turn writes it; the reply stands
                 self._unforeseen("marking analysed", err)
         for job, step in sorted(steps):
@@ -875,6 +890,10 @@ class Daemon:
     def step_down(self) -> None:
         """A clean stop: give the lease up so a standby need not wait it out."""
         if self._fence is not None:
+            try:
+                self._mark_analysed()  # the next leader need not analyse this one's last batches again
+            except Exception as err:  # noqa: BLE001 - it analyses them again, publishing nothing new
+                log.warning("analysed mark not written", error=str(err))
             try:
                 self.store.release_lease(LEADER, self.instance)
             except Exception as err:  # noqa: BLE001 - the lease expires on its own
