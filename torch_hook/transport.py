@@ -8,10 +8,15 @@ telemetry, off the training thread), batches them and either POSTs them to
 ``file:/path``, appends JSON lines (a trace for ``artemis replay``).
 
 ``endpoint`` may list several daemons (``http://a:7600,http://b:7600``: one
-leads, the others stand by; any of them takes reports).  A batch goes to the one that
-last took a batch; one that cannot be reached, or answers 503/429, passes it
-on to the next at once, each tried once per round, so a failover costs no
-wait.  Only when every one of them deferred does the sender wait.
+leads, the others stand by; any of them takes reports).  Each rank has a home
+daemon, its rank modulo their number, so a job's ranks spread their requests
+over all of them: a request costs a daemon more than the report in it (about
+1 ms of CPU against 0.05, docs/benchmarks.md), and a standby's share of that
+is work the leader does not do.  One that cannot be reached, or answers
+503/429, passes the batch on to the next at once, each tried once per round,
+so a failover costs no wait; later batches go to the daemon that took the
+last one, and home again after ``RETURN_HOME_S``.  Only when every one of them
+deferred does the sender wait.
 
 A daemon that answers ``503``/``429`` (at its connection or memory limit) has
 stored nothing of the batch and asks to be retried: the sender waits its
@@ -42,6 +47,10 @@ from torch_hook.notice import Reachability
 from torch_hook.retry import RETRY_STATUSES, Backoff, retry_after_s
 
 _BATCH_MAX = 64
+# After a failover, batches stay with the daemon that took them this long
+# before the home daemon is tried again: a home that stays down costs one
+# refused (or timed out) connection per this long, not one per batch.
+RETURN_HOME_S = 60.0
 _HOLD_S = 300.0  # a batch the daemon keeps refusing is dropped after this long
 _STOP = object()
 
@@ -69,8 +78,9 @@ class Sender:
     ):
         self.endpoint = endpoint
         self._urls = [u for u in (endpoint or "").split(",") if u] if endpoint and endpoint.startswith("http") else []
-        self._current = 0  # index of the daemon that took the last batch
-        self.failovers = 0  # sender thread: batches that went to another daemon than the one before
+        self._current: int | None = None  # index of the daemon that took the last batch
+        self._away_since = 0.0  # time.monotonic() when batches left the home daemon
+        self.failovers = 0  # sender thread: batches that the first daemon tried passed on to another
         self.timeout_s = timeout_s
         self.hold_s = hold_s
         self._backoff = backoff or Backoff(random.Random())
@@ -206,13 +216,22 @@ class Sender:
         finally:
             os.close(fd)
 
+    def _home_and_first(self, rank: Any) -> tuple[int, int]:
+        """This rank's home daemon (its rank modulo the daemons), and the one a batch goes to first:
+        the one that took the last batch, or home at the start and ``RETURN_HOME_S`` after a failover."""
+        home = rank % len(self._urls) if type(rank) is int and rank >= 0 else 0
+        if self._current is None or time.monotonic() - self._away_since >= RETURN_HOME_S:
+            return home, home
+        return home, self._current
+
     def _post(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
         body = json.dumps(batch, separators=(",", ":")).encode()
         deferred: _Deferred | None = None
         failure: Exception | None = None
         unsigned = False
+        home, first = self._home_and_first(batch[0].get("rank"))
         for turn in range(len(self._urls)):
-            at = (self._current + turn) % len(self._urls)
+            at = (first + turn) % len(self._urls)
             # A credential per daemon: munge decodes each one once (a second
             # decode is a replay, 401), and the daemon that deferred the batch
             # has decoded this one already.
@@ -238,9 +257,11 @@ class Sender:
             except OSError as err:  # unreachable, refused, timed out: the next one may lead
                 failure = err
                 continue
-            if at != self._current:
+            if at != first:
                 self.failovers += 1
-                self._current = at
+            if at != home and first == home:
+                self._away_since = time.monotonic()  # home refused it (again): the next try is RETURN_HOME_S away
+            self._current = at
             break
         else:
             if deferred is not None:

@@ -360,3 +360,71 @@ def test_endpoint_lists_are_checked():
     assert cfg.endpoint == "http://a:7600,http://b:7600"
     with pytest.raises(ConfigError, match="comma-separated list"):
         ProbeConfig.from_env({"ARTEMIS_ENDPOINT": "http://a:7600,b:7600"})
+
+
+class _Recording(BaseHTTPRequestHandler):
+    """A daemon that records the ranks of each batch it takes; ``refuse`` > 0: answers that many
+    next batches 503 (its database unreachable)."""
+
+    ranks: list[int]
+    refuse = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        if cls.refuse > 0:
+            cls.refuse -= 1
+            self.send_response(503)
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        cls.ranks.extend(r["rank"] for r in body)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_ranks_spread_over_the_daemons_of_a_list_and_return_home_after_a_failover(monkeypatch):
+    """A request costs a daemon far more than the report in it: each rank posts to its home
+    daemon (rank modulo the list), so a standby takes its share; a rank whose home refused a batch
+    sends to the one that took it, and home again after RETURN_HOME_S."""
+    import torch_hook.transport as transport
+
+    monkeypatch.setattr(transport, "RETURN_HOME_S", 0.5)
+    daemons = [type(f"Daemon{i}", (_Recording,), {"ranks": [], "refuse": 0}) for i in range(2)]
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in daemons]
+    for srv in servers:
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    endpoint = ",".join(f"http://127.0.0.1:{srv.server_address[1]}" for srv in servers)
+    try:
+        senders = [Sender(endpoint) for _ in range(4)]
+        for rank, sender in enumerate(senders):
+            sender.submit(_report(0) | {"rank": rank, "world": 4})
+            assert sender.flush(10)
+        assert (daemons[0].ranks, daemons[1].ranks) == ([0, 2], [1, 3])
+        assert all(s.failovers == 0 for s in senders)
+
+        rank1 = senders[1]
+        daemons[1].refuse = 1  # rank 1's home cannot take this one
+        rank1.submit(_report(1) | {"rank": 1, "world": 4})
+        assert rank1.flush(10)
+        rank1.submit(_report(2) | {"rank": 1, "world": 4})  # straight to the daemon that took the last
+        assert rank1.flush(10)
+        assert daemons[0].ranks[-2:] == [1, 1] and rank1.failovers == 1 and rank1.deferred == 0
+        time.sleep(0.6)
+        rank1.submit(_report(3) | {"rank": 1, "world": 4})  # home again
+        assert rank1.flush(10)
+        assert daemons[1].ranks[-1] == 1 and daemons[0].ranks.count(1) == 2
+        for sender in senders:
+            sender.close()
+        assert sum(s.dropped for s in senders) == 0
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
