@@ -21,7 +21,8 @@ incident.  What is timed:
   confirming window to the incident being readable as ``confirmed``.  The
   detection delay itself is ConfirmWindows windows of training time, by design;
 * **--http**: a real ``artemisd`` (AuthType=none) pinned to one CPU, posted to
-  by a client pinned to another, windows as JSON arrays.
+  by a client pinned to another, windows as JSON arrays; then a fresh one fed
+  each report as its own request (``http_rank_posts``), as the probes send them.
 
 Rates are reports per CPU-second of the process doing the work (process CPU
 time, so other load on a shared machine slows the wall clock, not the
@@ -44,6 +45,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -90,6 +92,12 @@ def new_daemon(state: Path, max_world: int = 65_536) -> Daemon:
     return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
 
 
+@functools.cache
+def _takes(function: Any, parameter: str) -> bool:
+    # Asked once per tree: inspect.signature costs ~200 us, as much as a one-report request itself.
+    return parameter in inspect.signature(function).parameters
+
+
 def read(body: bytes, daemon: Daemon, texts: list[str] | None = None) -> tuple[list, list]:
     """Body -> (records, rejected) as ``POST /v1/reports`` reads it in the tree under test.
 
@@ -101,7 +109,7 @@ def read(body: bytes, daemon: Daemon, texts: list[str] | None = None) -> tuple[l
     fast = getattr(ingest, "fast_records", None)
     if fast is None:
         records = None
-    elif "texts" in inspect.signature(fast).parameters:
+    elif _takes(fast, "texts"):
         records = fast(body, daemon.config.daemon.max_world, texts)
     else:
         records = fast(body, daemon.config.daemon.max_world)
@@ -113,10 +121,9 @@ def read(body: bytes, daemon: Daemon, texts: list[str] | None = None) -> tuple[l
 def accept(daemon: Daemon, records: list, rejected: list, texts: list[str], body: bytes) -> Any:
     """``Daemon.accept`` as the tree's server calls it: with the body the fast path took (this tree:
     stored whole), with the items' texts (revisions that stored those), or with neither."""
-    params = inspect.signature(daemon.accept).parameters
-    if "body" in params and records and not rejected:
+    if _takes(Daemon.accept, "body") and records and not rejected:
         return daemon.accept(records, TRUSTED_LOCAL, {}, rejected, body)
-    if texts and "texts" in params:
+    if texts and _takes(Daemon.accept, "texts"):
         return daemon.accept(records, TRUSTED_LOCAL, {}, rejected, texts)
     return daemon.accept(records, TRUSTED_LOCAL, {}, rejected)
 
@@ -244,6 +251,20 @@ def free_port() -> int:
 
 
 def over_http(windows: list[list[dict[str, Any]]], server_cpu: int, client_cpu: int) -> dict[str, Any]:
+    """A real artemisd, fed each window as one body, then (a fresh one) each report as its own
+    request, as every rank's own sender posts it; its CPU per report in both."""
+    reports = sum(len(w) for w in windows)
+    result = _http_run([json.dumps(w).encode() for w in windows], reports, server_cpu, client_cpu, latency=True)
+    out = {"http_window_batches_wall": result["wall"], "http_window_batches": result["cpu"],
+           "http_latency_ms": result["latency_ms"]}
+    rank_posts = _http_run([json.dumps([r]).encode() for w in windows for r in w], reports, server_cpu, client_cpu)
+    return out | {"http_rank_posts": rank_posts["cpu"]}
+
+
+def _http_run(bodies: list[bytes], reports: int, server_cpu: int, client_cpu: int, latency: bool = False
+              ) -> dict[str, Any]:
+    """Each body POSTed in turn to a fresh artemisd (AuthType=none) on ``server_cpu``: reports per
+    server CPU-second and per wall second, and the latency of the request that confirmed an incident."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "artemis.conf"
@@ -263,25 +284,23 @@ def over_http(windows: list[list[dict[str, Any]]], server_cpu: int, client_cpu: 
                     time.sleep(0.1)
             os.sched_setaffinity(0, {client_cpu})
             server_cpu0 = cpu_seconds(proc.pid)
-            bodies = [json.dumps(w).encode() for w in windows]
-            latency = None
+            confirmed_after = None
             start = time.perf_counter()
             for body in bodies:
                 t0 = time.perf_counter()
                 req = urllib.request.Request(f"{url}/v1/reports", data=body, method="POST")
                 urllib.request.urlopen(req, timeout=60).read()
-                if latency is None:
+                if latency and confirmed_after is None:
                     incidents = json.loads(urllib.request.urlopen(f"{url}/v1/incidents", timeout=10).read())
                     if any(i["state"] == "confirmed" for i in incidents["incidents"]):
-                        latency = time.perf_counter() - t0
+                        confirmed_after = time.perf_counter() - t0
             seconds = time.perf_counter() - start
             server_cpu_s = cpu_seconds(proc.pid) - server_cpu0
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=20)
-    reports = sum(len(w) for w in windows)
-    return {"http_window_batches_wall": reports / seconds, "http_window_batches": reports / server_cpu_s,
-            "http_latency_ms": 1000 * latency if latency else None}
+    return {"wall": reports / seconds, "cpu": reports / server_cpu_s,
+            "latency_ms": 1000 * confirmed_after if confirmed_after else None}
 
 
 def cpu_seconds(pid: int) -> float:

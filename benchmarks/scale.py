@@ -29,11 +29,17 @@ as CPU seconds per 100,000 reports:
   the standby of a second pair (any instance takes reports): its ``accept``
   (validated bodies checked, stored, nothing analysed), then the leader's
   turn (``Daemon.follow``: read back, decode, analyse, publish).  Read
-  against **accept**, it is the leader's CPU a standby takes off it.
+  against **accept**, it is the leader's CPU a standby takes off it;
+* **front door** (``--door-ranks``, 4,096 by default; 0 skips it): a real
+  ``artemisd`` process (AuthType=none) on a third database, fed over HTTP
+  by a client on another CPU: two windows with each report its own request
+  (what every rank's sender posts) and two in bodies of 8 (one node's
+  ranks); the server's CPU, and PostgreSQL's, per 100,000 reports of each.
+  Everything else above is per report; this is what a request costs.
 
-The sizing table extrapolates linearly from those per-report costs (every one
-of them is linear in the reports: per-record work plus one analysis per
-window whose cost is ~25 ms at 100k ranks, docs/benchmarks.md "Analysis
+The sizing table extrapolates linearly from those costs (every one of them
+is linear in the reports or the requests: per-record work plus one analysis
+per window whose cost is ~25 ms at 100k ranks, docs/benchmarks.md "Analysis
 cost").  The process is pinned to one CPU, BLAS pools to one thread.
 """
 
@@ -48,9 +54,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import random  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -65,6 +74,7 @@ from artemisd.server import configure_logging, tune_gc  # noqa: E402
 from artemisd.service import Daemon  # noqa: E402
 from artemisd.slurm.cli import CliSlurm  # noqa: E402
 from artemisd.wire import DEFAULT_MAX_WORLD  # noqa: E402
+from benchmarks.ingest import cpu_seconds, free_port  # noqa: E402
 from tests.unit.pg import PASSWORD, PgServer  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -133,7 +143,8 @@ def daemon(url: str, secret: Path, listen: str, ranks: int) -> Daemon:
     return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
 
 
-def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
+def measure(ranks: int, windows: int, batch: int, door_ranks: int, cpu: int, door_baseline: str | None = None
+            ) -> dict[str, float]:
     rng = random.Random(7)
     bodies = []
     for seq in range(windows):
@@ -175,6 +186,7 @@ def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
                 out["analyzer"] += time.process_time() - start
                 del batches
 
+            leader.follow()  # the leader's turn: between turns its mark moves at most once a second
             start = time.process_time()
             fed = standby.follow()
             out["follow"] = time.process_time() - start
@@ -186,6 +198,10 @@ def measure(ranks: int, windows: int, batch: int) -> dict[str, float]:
             for d in (leader, standby, restarted):
                 d.store.close()
             out.update(split_analysis(pg, secret, bodies, ranks))
+            if door_ranks:
+                out.update(front_door(pg, secret, door_ranks, cpu))
+                if door_baseline:
+                    out.update(door_side_by_side(pg, secret, door_ranks, cpu, door_baseline, Path(tmp)))
     finally:
         pg.stop()
     return out
@@ -217,19 +233,104 @@ def split_analysis(pg: PgServer, secret: Path, bodies: list[list[bytes]], ranks:
     return out
 
 
+def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = ROOT, name: str = "scale_door"
+               ) -> dict[str, float]:
+    """A real artemisd (the one in ``tree``) on ``cpu``, fed over HTTP: two windows of one-report
+    requests, then two in bodies of 8.  Its CPU and PostgreSQL's per shape."""
+    url = pg.create_database(name)
+    port = free_port()
+    rng = random.Random(11)
+    shapes = {"door_rank_posts": 1, "door_node_posts": GPUS_PER_NODE}
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp, "artemis.conf")
+        conf.write_text(f"Listen=127.0.0.1:{port}\nAuthType=none\nStateURL={url}\nStatePasswordFile={secret}\n"
+                        f"MaxWorld={max(ranks, DEFAULT_MAX_WORLD)}\nSlurmTimeout=2\n")
+        env = dict(os.environ, SLURM_CONF="/nonexistent", PYTHONPATH=str(tree))
+        # cwd: ``-m`` puts the working directory first on sys.path, before PYTHONPATH.
+        proc = subprocess.Popen([sys.executable, "-m", "artemisd.server", "-c", str(conf)], env=env, cwd=tree,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        client_cpu = next((c for c in sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
+                           if c != cpu), cpu)
+        mine = os.sched_getaffinity(0)
+        out: dict[str, float] = {}
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/v1/health", timeout=1).read()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("artemisd did not answer /v1/health") from None
+                    time.sleep(0.1)
+            os.sched_setaffinity(0, {client_cpu})
+            seq = 0
+            for name, size in shapes.items():
+                bodies = []
+                for _ in range(2):
+                    recs = window(seq, ranks, rng)
+                    seq += 1
+                    bodies += [(json.dumps(recs[i:i + size]).encode(), len(recs[i:i + size]))
+                               for i in range(0, ranks, size)]
+                server_before, pg_before = cpu_seconds(proc.pid), server_cpu_s(pg)
+                for body, count in bodies:
+                    request = urllib.request.Request(f"{base}/v1/reports", data=body, method="POST")
+                    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
+                    assert reply["accepted"] == count, reply
+                # Scaled to the reports the main stages count, so per_100k reads alike.
+                out[name] = cpu_seconds(proc.pid) - server_before
+                out[name.replace("door", "door_pg")] = server_cpu_s(pg) - pg_before
+                out[name + "_reports"] = 2 * ranks
+        finally:
+            os.sched_setaffinity(0, mine)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    return out
+
+
+def door_side_by_side(pg: PgServer, secret: Path, ranks: int, cpu: int, baseline: str, tmp: Path
+                      ) -> dict[str, float]:
+    """The front door of this tree and of git revision ``baseline``, alternating (B A A B), each on a
+    fresh database: medians of two runs each, as ``<measure>@<rev>`` and ``<measure>@this``."""
+    import statistics
+
+    old = tmp / "baseline"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", baseline, "artemisd"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    runs: dict[str, list[dict[str, float]]] = {baseline: [], "this": []}
+    for n, label in enumerate((baseline, "this", "this", baseline)):
+        runs[label].append(front_door(pg, secret, ranks, cpu, old if label == baseline else ROOT,
+                                      f"scale_door_{n}"))
+    return {f"{key}@{label}": statistics.median(run[key] for run in got)
+            for label, got in runs.items() for key in got[0]}
+
+
 def sizing(per_100k: dict[str, float], keep: int) -> list[str]:
-    rows = ["| GPUs | window | reports/s | leader cores (validate + accept) | PostgreSQL cores "
-            "| standby cores (follow) | stored reports | cold restore |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Cores of this machine per load.  With the front door measured, the instances' cores are its
+    figures (HTTP, store and analysis of one-report and of 8-report requests); without it, the
+    in-process figures of bodies of ``--batch``."""
+    door = "door_rank_posts" in per_100k
+    heads = (["artemisd cores, each rank posting", "artemisd cores, a node's 8 per request",
+              "PostgreSQL cores, each rank posting"] if door else
+             ["leader cores (validate + accept)", "PostgreSQL cores"])
+    rows = ["| GPUs | window | reports/s | " + " | ".join(heads) + " | standby cores (follow) | stored reports "
+            "| cold restore |", "|---:" * (len(heads) + 6) + "|"]
     for gpus in (1_000, 10_000, 100_000):
         for window_s in (10, 60):
             rate = gpus / window_s
-            leader = rate * (per_100k["validate"] + per_100k["accept"]) / 100_000
-            pg = rate * per_100k["postgresql"] / 100_000
+            if door:
+                cores = [per_100k["door_rank_posts"], per_100k["door_node_posts"], per_100k["door_pg_rank_posts"]]
+            else:
+                cores = [per_100k["validate"] + per_100k["accept"], per_100k["postgresql"]]
             follow = rate * per_100k["follow"] / 100_000
             restore = gpus * keep * per_100k["restore"] / 100_000
-            rows.append(f"| {gpus:,} | {window_s} s | {rate:,.0f} | {leader:.2f} | {pg:.2f} | {follow:.2f} "
-                        f"| {gpus * keep:,} | {restore / 60:,.1f} min |")
+            rows.append(f"| {gpus:,} | {window_s} s | {rate:,.0f} | "
+                        + " | ".join(f"{rate * c / 100_000:.2f}" for c in cores)
+                        + f" | {follow:.2f} | {gpus * keep:,} | {restore / 60:,.1f} min |")
     return rows
 
 
@@ -238,20 +339,32 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=100_000)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1024, help="records per request body")
-    parser.add_argument("--cpu", type=int, default=0, help="CPU to pin this process to")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU to pin this process (and the front door's "
+                        "artemisd) to")
+    parser.add_argument("--door-ranks", type=int, default=4096,
+                        help="ranks of the job fed to a real artemisd over HTTP (0: skip the front door)")
+    parser.add_argument("--door-baseline", metavar="REV",
+                        help="also measure the front door of git revision REV against this tree's, alternating")
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.cpu})
     configure_logging()
     logging.getLogger().setLevel(logging.WARNING)
     tune_gc()
-    got = measure(args.ranks, args.windows, args.batch)
+    got = measure(args.ranks, args.windows, args.batch, args.door_ranks, args.cpu, args.door_baseline)
     reports = got["reports"]
-    per_100k = {k: v * 100_000 / reports for k, v in got.items() if k not in ("reports", "body_bytes_per_report")}
+    def reports_of(key: str) -> float:
+        bare = key.split("@")[0].replace("door_pg", "door")
+        return got.get(bare + "_reports", reports)
+
+    counted = {k: reports_of(k) for k in got
+               if k not in ("reports", "body_bytes_per_report") and "_reports" not in k}
+    per_100k = {k: got[k] * 100_000 / n for k, n in counted.items()}
     print(f"{args.ranks:,} ranks x {args.windows} windows = {reports:,.0f} reports, bodies of {args.batch}, "
-          f"{got['body_bytes_per_report']:.0f} bytes/report")
+          f"{got['body_bytes_per_report']:.0f} bytes/report; front door: {args.door_ranks:,} ranks x 2 windows "
+          f"per request shape")
     print(f"{'':24}{'CPU s':>10}{'per 100k reports':>20}{'reports/CPU-s':>16}")
     for key, value in per_100k.items():
-        print(f"{key:24}{got[key]:10.2f}{value:20.2f}{reports / got[key] if got[key] else float('inf'):16,.0f}")
+        print(f"{key:24}{got[key]:10.2f}{value:20.2f}{counted[key] / got[key] if got[key] else float('inf'):16,.0f}")
     keep = parse_config_text("").daemon.history_windows_kept
     print(f"\nsizing (linear in reports; HistoryWindowsKept={keep}):")
     print("\n".join(sizing(per_100k, keep)))
