@@ -24,6 +24,13 @@ def _number(env: dict[str, str], name: str, default: float, low: float, kind: ty
     return value
 
 
+def _optional_int(env: dict[str, str], name: str) -> int | None:
+    """A launcher's variable: None where it is unset or not a plain number (never an error: the
+    probe only uses it to find its node's relay)."""
+    raw = (env.get(name) or "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
 def _flag(env: dict[str, str], name: str) -> bool:
     raw = (env.get(name) or "1").strip().lower()
     if raw not in ("0", "1", "yes", "no", "true", "false", "on", "off"):
@@ -54,6 +61,9 @@ class ProbeConfig:
     munge_socket: str | None = None
     boundary_sync: bool = True
     completion_hooks: bool = True
+    relay: bool = True
+    local_rank: int | None = None
+    local_world: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ProbeConfig:
@@ -67,6 +77,7 @@ class ProbeConfig:
                                   f"list of them) or file:/path")
             endpoint = ",".join(urls)
         sync = _flag(env, "ARTEMIS_BOUNDARY_SYNC")
+        relay = _flag(env, "ARTEMIS_RELAY")
         hooks = _flag(env, "ARTEMIS_COMPLETION_HOOKS")
         return cls(
             endpoint=endpoint,
@@ -80,4 +91,9 @@ class ProbeConfig:
             munge_socket=env.get("ARTEMIS_MUNGE_SOCKET") or None,
             boundary_sync=sync,
             completion_hooks=hooks,
+            relay=relay,
+            # torchrun's, else Slurm's (one srun task per rank); a launcher that sets neither: no relay.
+            local_rank=_optional_int(env, "LOCAL_RANK") if env.get("LOCAL_RANK") else _optional_int(env, "SLURM_LOCALID"),
+            local_world=(_optional_int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE")
+                         else _optional_int(env, "SLURM_NTASKS_PER_NODE")),
         )

@@ -41,6 +41,7 @@ from torch_hook.config import ProbeConfig
 from torch_hook.ddp import DdpTracker
 from torch_hook.instrument import Instrumentation, _local
 from torch_hook.telemetry.host import HostSampler
+from torch_hook.relay import NodeRelay
 from torch_hook.transport import Sender
 from torch_hook.window import ClosedWindow, StepRecorder
 
@@ -113,8 +114,15 @@ class Probe:
         self._telemetry_opened = False
         self._telemetry_lock = threading.Lock()
         self._host = HostSampler()
-        self.sender = Sender(config.endpoint, queue_size=config.queue_size, timeout_s=config.http_timeout_s,
-                             munge_socket=config.munge_socket, enrich=self._enrich, on_reply=self._on_reply)
+        posts = bool(config.endpoint and config.endpoint.startswith("http"))
+        relay = NodeRelay.for_rank(config.job, config.job_step, config.node, config.local_rank) \
+            if config.relay and posts else None
+        # The relay holds its siblings' reports through an outage too: as many windows as each rank would.
+        relays = relay is not None and relay.is_relay
+        queue_size = config.queue_size * ((config.local_world or 8) if relays else 1)
+        self.sender = Sender(config.endpoint, queue_size=queue_size, timeout_s=config.http_timeout_s,
+                             munge_socket=config.munge_socket, enrich=self._enrich, on_reply=self._on_reply,
+                             relay=relay)
 
     # -- life cycle ----------------------------------------------------------
     def install(self) -> None:
@@ -458,6 +466,7 @@ class Probe:
         return {"steps": self.recorder.step, "windows": self.recorder.seq, "errors": self.error_count,
                 "hook_errors": self.instrumentation.errors, "hook_error": self.instrumentation.last_error, "last_error": self.last_error,
                 "sent": s.sent, "dropped": s.dropped, "deferred": s.deferred, "bad_replies": s.bad_replies,
+                "relayed": s.relayed, "relay_dropped": s.relay_dropped, "handed_over": s.handed_over,
                 "unauthenticated": s.unauthenticated, "sender_error": s.last_error,
                 "sync_ms": list(self.sync_ms), "probes": list(self.probes_run),
                 "shares": self.work_shares()}

@@ -27,6 +27,14 @@ sender thread waits; training keeps submitting into the bounded queue.  A
 daemon that is down, slow or answers garbage costs the batch (dropped,
 counted) and nothing else.  ``dropped`` is cumulative and goes into every later
 report as ``dropped_reports``.
+
+With a ``relay`` (``relay.py``), a node's ranks send in one request: the
+sender of local rank 0 also posts the batches its siblings hand it, waiting
+up to ``LINGER_S`` after the first of a window for the others, and hands them
+the daemon's reply; a sibling's sender hands its batches over and reads the
+replies it is handed, posting a batch itself whenever the relay cannot take
+it.  A relayed report that the relay cannot deliver is counted in the relay's
+``relay_dropped``, not in its sender's ``dropped_reports``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from typing import Any
 
 from torch_hook.munge import MungeSigner
 from torch_hook.notice import Reachability
+from torch_hook.relay import NodeRelay
 from torch_hook.retry import RETRY_STATUSES, Backoff, retry_after_s
 
 _BATCH_MAX = 64
@@ -51,6 +60,10 @@ _BATCH_MAX = 64
 # before the home daemon is tried again: a home that stays down costs one
 # refused (or timed out) connection per this long, not one per batch.
 RETURN_HOME_S = 60.0
+# The relay waits this long after the first batch of a window for its
+# siblings' (they close the same window within milliseconds of each other).
+LINGER_S = 0.2
+REPLY_POLL_S = 1.0  # a sibling reads the replies it was handed at least this often
 _HOLD_S = 300.0  # a batch the daemon keeps refusing is dropped after this long
 _STOP = object()
 
@@ -61,6 +74,15 @@ class _Deferred(Exception):
     def __init__(self, status: int, wait_s: float | None):
         super().__init__(f"HTTP {status}, retry after {wait_s if wait_s is not None else '?'} s")
         self.wait_s = wait_s
+
+
+class _Relayed:
+    """A sibling's batch, handed to this rank's sender to post (the relay's)."""
+
+    __slots__ = ("sibling", "reports")
+
+    def __init__(self, sibling: int, reports: list[dict[str, Any]]):
+        self.sibling, self.reports = sibling, reports
 
 
 class Sender:
@@ -75,6 +97,7 @@ class Sender:
         on_reply: Callable[[dict[str, Any]], None] | None = None,
         hold_s: float = _HOLD_S,
         backoff: Backoff | None = None,
+        relay: NodeRelay | None = None,
     ):
         self.endpoint = endpoint
         self._urls = [u for u in (endpoint or "").split(",") if u] if endpoint and endpoint.startswith("http") else []
@@ -102,8 +125,25 @@ class Sender:
         self.errors = 0
         self.last_error: str | None = None
         self.reachability = Reachability(endpoint)  # one stderr line per outage (notice.py)
+        self.relayed = 0  # sender thread: siblings' reports this relay posted
+        self._relay_full = 0  # relay thread: siblings' reports dropped, the queue full
+        self._relay_lost = 0  # sender thread: siblings' reports whose request failed
+        self.handed_over = 0  # sender thread: this sibling's reports the relay took
+        self._home_rank: Any = None  # sender thread: the rank of this sender's own reports
+        self._relay = relay if relay is not None and self._urls and relay.open() else None
+        self._relay_stop = threading.Event()
+        self._siblings_seen = False  # relay thread: a sibling has handed a batch over
+        self._relay_thread: threading.Thread | None = None
+        if self._relay is not None and self._relay.is_relay:
+            self._relay_thread = threading.Thread(target=self._take_handed, name="artemis-relay", daemon=True)
+            self._relay_thread.start()
         self._thread = threading.Thread(target=self._run, name="artemis-sender", daemon=True)
         self._thread.start()
+
+    @property
+    def relay_dropped(self) -> int:
+        """Siblings' reports this relay took and lost (its queue full, or their request failed)."""
+        return self._relay_full + self._relay_lost
 
     @property
     def dropped(self) -> int:
@@ -139,6 +179,11 @@ class Sender:
         return False
 
     def close(self, timeout_s: float = 2.0) -> None:
+        if self._relay_thread is not None:
+            # Siblings post for themselves from now on; what they handed over already is read and sent.
+            self._relay.stop_listening()  # type: ignore[union-attr]
+            self._relay_stop.set()
+            self._relay_thread.join(timeout=1.0)
         self.flush(timeout_s)
         self._closing.set()  # a batch waiting out a 503 is dropped now, not retried
         try:
@@ -146,20 +191,51 @@ class Sender:
         except queue.Full:
             pass
         self._thread.join(timeout=max(0.1, timeout_s))
+        if self._relay is not None:
+            self._relay.close()
+
+    # -- relay thread (local rank 0) -------------------------------------------
+    def _take_handed(self) -> None:
+        relay = self._relay
+        assert relay is not None
+        while True:
+            stopping = self._relay_stop.is_set()
+            data = relay.receive(wait=not stopping)
+            if data is None:
+                if stopping:
+                    return  # its path is gone and nothing is left to read
+                continue
+            handed = relay.handed(data)
+            if handed is None:
+                continue
+            self._siblings_seen = True
+            try:
+                self._queue.put_nowait(_Relayed(*handed))
+                self._idle.clear()
+            except queue.Full:  # the rank's own reports keep their place; a sibling's batch is dropped
+                self._relay_full += len(handed[1])
 
     # -- sender thread -------------------------------------------------------
     def _run(self) -> None:
         signer: MungeSigner | None = None
         if self.endpoint and self.endpoint.startswith("http"):
             signer = MungeSigner(self._munge_socket, self.timeout_s)
+        sibling = self._relay is not None and not self._relay.is_relay
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=REPLY_POLL_S if sibling else None)
+            except queue.Empty:
+                self._read_handed_replies()
+                continue
             if item is _STOP:
                 return
             batch = [item]
-            while len(batch) < _BATCH_MAX:
+            # Only once siblings have handed batches over: a rank alone on its node never waits.
+            linger_until = time.monotonic() + LINGER_S if self._siblings_seen else 0.0
+            while _reports_in(batch) < _BATCH_MAX:
                 try:
-                    more = self._queue.get_nowait()
+                    left = linger_until - time.monotonic()
+                    more = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if more is _STOP:
@@ -167,14 +243,30 @@ class Sender:
                     return
                 batch.append(more)
             self._send(batch, signer)
+            if sibling:
+                self._read_handed_replies()
             if self._queue.empty():
                 self._idle.set()
 
-    def _send(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
+    def _read_handed_replies(self) -> None:
+        """A sibling: the daemon's replies the relay handed this rank, to the reply handler."""
+        while (data := self._relay.receive(wait=False)) is not None:  # type: ignore[union-attr]
+            try:
+                reply = json.loads(data)
+                if isinstance(reply, dict) and self._on_reply is not None:
+                    self._on_reply(reply)
+            except Exception as err:  # noqa: BLE001 - a bad reply costs its directives, nothing else
+                self.errors += 1
+                self.last_error = f"handed reply: {err!r}"
+
+    def _send(self, batch: list[dict[str, Any] | _Relayed], signer: MungeSigner | None) -> None:
         give_up = time.monotonic() + self.hold_s
         self._backoff.reset()
+        own = [item for item in batch if not isinstance(item, _Relayed)]
+        handed = [item for item in batch if isinstance(item, _Relayed)]
+        relayed = sum(len(item.reports) for item in handed)
         try:
-            for report in batch:
+            for report in own:
                 if self._enrich is not None:
                     try:
                         self._enrich(report)
@@ -182,14 +274,22 @@ class Sender:
                         self.errors += 1
                         self.last_error = f"enrich: {err!r}"
                 report["dropped_reports"] = self.dropped
+            if own:
+                self._home_rank = own[0].get("rank")
             if not self.endpoint:
                 return
+            if self._relay is not None and not self._relay.is_relay and self._relay.hand_over(own):
+                self.handed_over += len(own)
+                return
+            reports = [r for item in batch for r in (item.reports if isinstance(item, _Relayed) else (item,))]
             while True:
                 try:
                     if self.endpoint.startswith("file:"):
-                        self._append(batch)
+                        self._append(reports)
                     else:
-                        self._post(batch, signer)
+                        reply = self._post(reports, signer)
+                        if handed and reply is not None:
+                            self._relay.answer({item.sibling for item in handed}, reply)  # type: ignore[union-attr]
                     break
                 except _Deferred as deferred:
                     self.deferred += 1
@@ -199,12 +299,14 @@ class Sender:
                         raise
                     if self._closing.wait(wait):
                         raise
-            self.sent += len(batch)
+            self.sent += len(own)
+            self.relayed += relayed
             self.reachability.ok(self.dropped)
         except Exception as err:  # noqa: BLE001 -- daemon down, slow, disk full: drop and count
-            self._dropped_send += len(batch)
+            self._dropped_send += len(own)
+            self._relay_lost += relayed
             self.last_error = f"{type(err).__name__}: {err}"
-            self.reachability.failed(self.last_error, self.dropped - len(batch))
+            self.reachability.failed(self.last_error, self.dropped - len(own))
 
     def _append(self, batch: list[dict[str, Any]]) -> None:
         path = self.endpoint[len("file:"):]
@@ -224,12 +326,14 @@ class Sender:
             return home, home
         return home, self._current
 
-    def _post(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> None:
+    def _post(self, batch: list[dict[str, Any]], signer: MungeSigner | None) -> bytes | None:
+        """POST the batch; the daemon's reply (None: it took the batch but its answer was unreadable)."""
         body = json.dumps(batch, separators=(",", ":")).encode()
         deferred: _Deferred | None = None
         failure: Exception | None = None
         unsigned = False
-        home, first = self._home_and_first(batch[0].get("rank"))
+        # A relay's batch may begin with a sibling's report: its home stays its own rank's.
+        home, first = self._home_and_first(self._home_rank if self._home_rank is not None else batch[0].get("rank"))
         for turn in range(len(self._urls)):
             at = (first + turn) % len(self._urls)
             # A credential per daemon: munge decodes each one once (a second
@@ -275,10 +379,15 @@ class Sender:
         except ValueError as err:
             self.bad_replies += 1
             self.last_error = f"reply: {err}"
-            return  # the daemon took the batch; only its answer was unreadable
+            return None  # the daemon took the batch; only its answer was unreadable
         if self._on_reply is not None:
             try:
                 self._on_reply(reply)
             except Exception as err:  # noqa: BLE001
                 self.errors += 1
                 self.last_error = f"reply handler: {err!r}"
+        return raw
+
+
+def _reports_in(batch: list[Any]) -> int:
+    return sum(len(item.reports) if isinstance(item, _Relayed) else 1 for item in batch)

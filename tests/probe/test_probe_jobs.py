@@ -174,6 +174,21 @@ def daemon():
     thread.join(timeout=5)
 
 
+def _directives_job(tmp_path: Path, port: int, env: dict[str, str]) -> list[dict]:
+    """The autoloaded probe in a 4-rank job with a sampler, fed the stand-in's directives: each rank
+    ran the probe directive once and applied the rebalance.  Returns the ranks' results."""
+    env = {"ARTEMIS_ENABLED": "1", "ARTEMIS_ENDPOINT": f"http://127.0.0.1:{port}", "ARTEMIS_WINDOW_STEPS": "8",
+           "PYTHONPATH": f"{ROOT / 'torch_hook' / 'autoload'}:{ROOT}", **env}
+    results = run_job({"out": str(tmp_path), "steps": 64, "install": False, "sampler": True, "samples": 512,
+                       "batch": 8}, env=env)
+    for res in results:
+        stats = res["stats"]
+        assert res["installed"] and stats["errors"] == 0, stats
+        assert [p["id"] for p in stats["probes"]] == ["PRB-7"], "every rank runs the probe exactly once"
+        assert stats["shares"] == {"2": 0.5}
+    return results
+
+
 def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, daemon):
     """Autoload (ARTEMIS_ENABLED + PYTHONPATH), HTTP reports, probe and rebalance directives."""
     _Daemon.mode = "directives"
@@ -185,16 +200,7 @@ def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, d
         (gpus / f"n{rank}.json").write_text(json.dumps({
             "vendor": "nvidia", "model": "Emulated GPU", "driver": "550.54.15",
             "gpus": {"0": {"sm_clock_mhz": clock, "max_sm_clock_mhz": 1980, "temp_c": 40, "throttle": throttle}}}))
-    env = {"ARTEMIS_ENABLED": "1", "ARTEMIS_ENDPOINT": f"http://127.0.0.1:{port}", "ARTEMIS_WINDOW_STEPS": "8",
-           "PYTHONPATH": f"{ROOT / 'torch_hook' / 'autoload'}:{ROOT}",
-           "ARTEMIS_TELEMETRY": "emulated", "ARTEMIS_EMULATED_GPU_DIR": str(gpus)}
-    results = run_job({"out": str(tmp_path), "steps": 64, "install": False, "sampler": True, "samples": 512,
-                       "batch": 8}, env=env)
-    for res in results:
-        stats = res["stats"]
-        assert res["installed"] and stats["errors"] == 0, stats
-        assert [p["id"] for p in stats["probes"]] == ["PRB-7"], "every rank runs the probe exactly once"
-        assert stats["shares"] == {"2": 0.5}
+    results = _directives_job(tmp_path, port, {"ARTEMIS_TELEMETRY": "emulated", "ARTEMIS_EMULATED_GPU_DIR": str(gpus)})
     reports = [parse_record(r) for body in _Daemon.bodies for r in body]
     probes = {r.rank: r.probe for r in reports if r.probe is not None}
     assert sorted(probes) == [0, 1, 2, 3]
@@ -215,6 +221,22 @@ def test_directives_run_matched_probe_and_rebalance_through_autoload(tmp_path, d
         assert r.island == "nvidia:Emulated GPU" and r.env.driver == "550.54.15"
         assert r.gpu.throttle == (("hw_thermal",) if r.rank == 2 else ())
         assert r.gpu.sm_clock_mhz == (1410 if r.rank == 2 else 1980)
+
+
+def test_a_nodes_ranks_report_through_its_first_rank_and_all_get_the_directives(tmp_path, daemon):
+    """Four ranks on one node: local rank 0's probe relays the others' reports (fewer requests,
+    each of several ranks), and hands them the daemon's directives, which every rank runs once."""
+    _Daemon.mode = "directives"
+    results = _directives_job(tmp_path, daemon.server_address[1], {"ARTEMIS_NODE": "n0", "TMPDIR": str(tmp_path)})
+    # (Each rank's stats are taken before its probe's last window is sent, at exit: counts, not totals.)
+    relay, siblings = results[0]["stats"], [res["stats"] for res in results[1:]]
+    assert relay["relayed"] > 0 and relay["relay_dropped"] == 0 and all(s["handed_over"] > 0 for s in siblings)
+    reports = [parse_record(r) for body in _Daemon.bodies for r in body]
+    assert sorted({r.rank for r in reports}) == [0, 1, 2, 3] and {r.node for r in reports} == {"n0"}
+    windows = {r.window.seq for r in reports}
+    assert len(reports) == 4 * len(windows), "no window of any rank lost or sent twice"
+    assert len(_Daemon.bodies) < len(reports) / 2, f"{len(_Daemon.bodies)} requests for {len(reports)} reports"
+    assert not list(tmp_path.glob("artemis-*/*")), "the ranks' sockets are gone once they exit"
 
 
 def test_probe_survives_hostile_daemon_faults_and_reinstall(tmp_path, daemon):

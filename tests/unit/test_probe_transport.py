@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.unit.http_stub import serving
 from torch_hook.munge import MungeSigner
 from torch_hook.retry import Backoff, retry_after_s
 from torch_hook.transport import Sender
@@ -59,15 +60,11 @@ class _Handler(BaseHTTPRequestHandler):
 def server():
     _Handler.seen, _Handler.at, _Handler.reply, _Handler.busy, _Handler.retry_after = [], [], b"{}", 0, "1"
     _Handler.gate.set()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    _Handler.gate.set()
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=5)
+    with serving(_Handler) as url:
+        try:
+            yield url
+        finally:
+            _Handler.gate.set()  # a handler the test held must not keep the shutdown waiting
 
 
 def test_file_endpoint_appends_json_lines(tmp_path):
@@ -310,14 +307,8 @@ class _Deferring(BaseHTTPRequestHandler):
 @pytest.fixture
 def deferring():
     _Deferring.posts = 0
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Deferring)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=5)
+    with serving(_Deferring) as url:
+        yield url
 
 
 def _closed_port() -> str:

@@ -1,0 +1,171 @@
+"""A node's ranks send in one request: the first local rank's sender relays its siblings' batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+
+from tests.unit.http_stub import serving
+from torch_hook.relay import NodeRelay, private_directory
+from torch_hook.transport import Sender
+
+JOB, STEP, NODE = "77", "0", "n1"
+DIRECTIVE = {"type": "probe", "id": "PRB-1", "job": JOB, "step": STEP}
+
+
+def _report(rank: int, seq: int = 0, job: str = JOB) -> dict:
+    return {"type": "window", "v": 1, "job": job, "rank": rank, "world": 4, "node": NODE,
+            "window": {"seq": seq, "first_step": seq, "steps": 1, "t0": 1.0, "t1": 2.0},
+            "ms": {"step": 1.0, "comm_wait": 0.5}}
+
+
+class _Daemon(BaseHTTPRequestHandler):
+    bodies: list[list[dict]] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        _Daemon.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        reply = json.dumps({"accepted": len(_Daemon.bodies[-1]), "directives": [DIRECTIVE]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+@pytest.fixture
+def daemon():
+    _Daemon.bodies = []
+    with serving(_Daemon) as url:
+        yield url
+
+
+def _node(tmp_path, endpoint: str, ranks: int, replies: dict[int, list]) -> list[Sender]:
+    senders = []
+    for local in range(ranks):
+        relay = NodeRelay.for_rank(JOB, STEP, NODE, local, base=str(tmp_path))
+        assert relay is not None
+        replies[local] = []
+        senders.append(Sender(endpoint, relay=relay, on_reply=replies[local].append))
+    return senders
+
+
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_nodes_ranks_send_one_request_and_each_gets_the_directives(tmp_path, daemon):
+    replies: dict[int, list] = {}
+    relay, *siblings = _node(tmp_path, daemon, 4, replies)
+    try:
+        for seq in range(2):
+            for sender in siblings:
+                sender.submit(_report(siblings.index(sender) + 1, seq))
+                assert sender.flush(5)
+            if seq == 0:  # the relay has not seen a sibling yet: it posts at once, they are separate requests
+                _wait_for(lambda: relay.relayed == 3)
+            relay.submit(_report(0, seq))
+            assert relay.flush(5)
+        _wait_for(lambda: relay.relayed == 6)
+        # The second window went as one request: the relay waited for its siblings' batches.
+        assert sorted(r["rank"] for r in _Daemon.bodies[-1]) == [0, 1, 2, 3]
+        assert sum(len(body) for body in _Daemon.bodies) == 8
+        assert [s.handed_over for s in siblings] == [2, 2, 2] and all(s.sent == 0 for s in siblings)
+        assert relay.sent == 2 and relay.relayed == 6 and relay.dropped == relay.relay_dropped == 0
+        # Every sibling is handed the daemon's reply, whose directives the probe acts on.
+        _wait_for(lambda: all(replies[local] for local in range(1, 4)))
+        assert all(reply["directives"] == [DIRECTIVE] for local in range(4) for reply in replies[local])
+    finally:
+        for sender in (relay, *siblings):
+            sender.close()
+    assert not list(tmp_path.glob("artemis-*/*")), "every socket is removed when its sender closes"
+
+
+def test_a_sibling_posts_itself_when_no_relay_listens(tmp_path, daemon):
+    sibling = Sender(daemon, relay=NodeRelay.for_rank(JOB, STEP, NODE, 2, base=str(tmp_path)))
+    try:
+        sibling.submit(_report(2))
+        assert sibling.flush(5)
+        assert sibling.sent == 1 and sibling.handed_over == 0 and _Daemon.bodies == [[_report(2) | {
+            "dropped_reports": 0}]]
+    finally:
+        sibling.close()
+
+
+def test_after_the_relay_closes_its_siblings_post_for_themselves(tmp_path, daemon):
+    replies: dict[int, list] = {}
+    relay, sibling = _node(tmp_path, daemon, 2, replies)
+    try:
+        sibling.submit(_report(1, 0))
+        assert sibling.flush(5)
+        _wait_for(lambda: relay.relayed == 1)
+        relay.close()
+        sibling.submit(_report(1, 1))
+        assert sibling.flush(5)
+        assert sibling.handed_over == 1 and sibling.sent == 1
+        assert [[r["window"]["seq"] for r in body] for body in _Daemon.bodies] == [[0], [1]]
+    finally:
+        sibling.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to send as another user")
+def test_the_relay_takes_batches_of_its_own_user_and_job_step_only(tmp_path, daemon):
+    """Another user's process that reaches the socket (the directory opened up here on purpose:
+    Artemis makes it 0700) is not relayed; nor is a batch of another job, even from the same user."""
+    # pytest's own directories are 0700: another user could not reach in.
+    base = Path(tempfile.mkdtemp(prefix="artemis-relay-test-", dir="/tmp"))
+    base.chmod(0o711)
+    replies: dict[int, list] = {}
+    (relay,) = _node(base, daemon, 1, replies)
+    directory = base / "artemis-0"
+    directory.chmod(0o711)
+    path = relay._relay.relay_path  # type: ignore[union-attr]
+    os.chmod(path, 0o666)
+    message = json.dumps({"from": 1, "reports": [_report(1)]}).encode()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only sends
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(message, path)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0, "the other user's datagram was not even sent"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(json.dumps({"from": 1, "reports": [_report(1, job="78")]}).encode(), path)
+        _wait_for(lambda: relay._relay.refused == 2)  # type: ignore[union-attr]
+        relay.submit(_report(0))
+        assert relay.flush(5)
+        assert relay.relayed == 0 and [[r["rank"] for r in body] for body in _Daemon.bodies] == [[0]]
+    finally:
+        relay.close()
+        shutil.rmtree(base)
+
+
+def test_no_relay_in_a_directory_others_may_enter(tmp_path):
+    directory = tmp_path / f"artemis-{os.getuid()}"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    assert private_directory(os.getuid(), str(tmp_path)) is None
+    assert NodeRelay.for_rank(JOB, STEP, NODE, 0, base=str(tmp_path)) is None
+    directory.chmod(0o700)
+    assert private_directory(os.getuid(), str(tmp_path)) == directory
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    directory.rmdir()
+    directory.symlink_to(tmp_path / "elsewhere")  # never followed
+    assert private_directory(os.getuid(), str(tmp_path)) is None
