@@ -30,6 +30,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import select
 import socket
 import stat
@@ -41,6 +42,7 @@ from typing import Any
 MAX_DATAGRAM = 256 << 10  # a batch larger than this is posted by its own rank
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _CMSG_SPACE = socket.CMSG_SPACE(_CREDENTIALS.size) if hasattr(socket, "CMSG_SPACE") else 0
+_IDENT = re.compile(r"[0-9]{1,10}\.[0-9]{1,6}")  # a sibling's "<pid>.<local rank>", part of a path
 _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EMSGSIZE,
          errno.EACCES, errno.EPERM, errno.ENOTDIR)
 
@@ -77,8 +79,12 @@ class NodeRelay:
         self.local_rank = local_rank
         self.job, self.job_step = job, job_step
         stem = hashlib.sha256(key.encode()).hexdigest()[:20]  # short: a socket path has ~100 bytes
-        self.relay_path = str(directory / f"{stem}.relay")
-        self.own_path = self.relay_path if local_rank == 0 else str(directory / f"{stem}.{local_rank}")
+        self._stem = str(directory / stem)
+        self.relay_path = f"{self._stem}.relay"
+        # A sibling's socket is named for its process and local rank: local ranks can repeat on a
+        # node (several torchrun under one srun), and a second bind would take the first's replies.
+        self.ident = f"{os.getpid()}.{local_rank}"
+        self.own_path = self.relay_path if local_rank == 0 else f"{self._stem}.{self.ident}"
         self._sock: socket.socket | None = None
         self.refused = 0  # datagrams from another user, or not a batch of this job step: dropped
         self.last_error: str | None = None
@@ -170,13 +176,14 @@ class NodeRelay:
         return None
 
     # -- the relay ------------------------------------------------------------
-    def handed(self, data: bytes) -> tuple[int, list[dict[str, Any]]] | None:
-        """A sibling's datagram -> (its local rank, its reports), or None (counted) if it is not a batch
+    def handed(self, data: bytes) -> tuple[str, list[dict[str, Any]]] | None:
+        """A sibling's datagram -> (its ``ident``, its reports), or None (counted) if it is not a batch
         of window reports of this job step."""
         try:
             message = json.loads(data)
             sibling, reports = message["from"], message["reports"]
-            if type(sibling) is not int or sibling <= 0 or not isinstance(reports, list) or not reports:
+            if not (isinstance(sibling, str) and _IDENT.fullmatch(sibling)) or not isinstance(reports, list) \
+                    or not reports:
                 raise ValueError("not a batch")
             for report in reports:
                 if not (isinstance(report, dict) and str(report.get("job")) == self.job
@@ -187,13 +194,14 @@ class NodeRelay:
             return None
         return sibling, reports
 
-    def answer(self, siblings: set[int], reply: bytes) -> None:
-        """The daemon's reply to the siblings whose reports went with it; one that is gone misses it."""
+    def answer(self, siblings: set[str], reply: bytes) -> None:
+        """The daemon's reply to the siblings (their ``ident``) whose reports went with it; one that is
+        gone misses it."""
         sock = self._sock
         if sock is None or len(reply) > MAX_DATAGRAM:
             return
         for sibling in sorted(siblings):
-            path = f"{self.relay_path[:-len('.relay')]}.{sibling}"
+            path = f"{self._stem}.{sibling}"
             try:
                 sock.sendto(reply, path)
             except OSError:
@@ -205,7 +213,7 @@ class NodeRelay:
         sock = self._sock
         if sock is None:
             return False
-        data = json.dumps({"from": self.local_rank, "reports": reports}, separators=(",", ":")).encode()
+        data = json.dumps({"from": self.ident, "reports": reports}, separators=(",", ":")).encode()
         if len(data) > MAX_DATAGRAM:
             return False
         try:

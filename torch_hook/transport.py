@@ -77,11 +77,11 @@ class _Deferred(Exception):
 
 
 class _Relayed:
-    """A sibling's batch, handed to this rank's sender to post (the relay's)."""
+    """A sibling's batch (``sibling``: its relay ident), handed to this rank's sender to post (the relay's)."""
 
     __slots__ = ("sibling", "reports")
 
-    def __init__(self, sibling: int, reports: list[dict[str, Any]]):
+    def __init__(self, sibling: str, reports: list[dict[str, Any]]):
         self.sibling, self.reports = sibling, reports
 
 

@@ -133,7 +133,7 @@ def test_the_relay_takes_batches_of_its_own_user_and_job_step_only(tmp_path, dae
     directory.chmod(0o711)
     path = relay._relay.relay_path  # type: ignore[union-attr]
     os.chmod(path, 0o666)
-    message = json.dumps({"from": 1, "reports": [_report(1)]}).encode()
+    message = json.dumps({"from": "1.1", "reports": [_report(1)]}).encode()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only sends
         try:
@@ -147,7 +147,7 @@ def test_the_relay_takes_batches_of_its_own_user_and_job_step_only(tmp_path, dae
     assert os.waitpid(pid, 0)[1] == 0, "the other user's datagram was not even sent"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(json.dumps({"from": 1, "reports": [_report(1, job="78")]}).encode(), path)
+            s.sendto(json.dumps({"from": "1.1", "reports": [_report(1, job="78")]}).encode(), path)
         _wait_for(lambda: relay._relay.refused == 2)  # type: ignore[union-attr]
         relay.submit(_report(0))
         assert relay.flush(5)
