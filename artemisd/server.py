@@ -284,6 +284,9 @@ async def get_status(request: web.Request) -> web.Response:
                   "instances": daemon.store.instances(),
                   "auth": d.auth_type, "incidents": counts, "jobs": daemon.store.jobs()[:50],
                   "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
+                  # Stored by any instance, not yet analysed by the leader: stays near a second's
+                  # worth while the leader keeps up (it marks its progress about once a second).
+                  "not_analysed": daemon.store.record_count(after=daemon.store.analysed_through()),
                   "restore_skipped": daemon.restore_skipped,
                   "open_actions": len(daemon.store.due_actions(float("inf")))})
 

@@ -419,8 +419,8 @@ class PostgresStore:
                 yield StoredRecord(seq, received, uid, bool(root), body, items, skipped_items(skipped))
             after = last
 
-    def record_count(self) -> int:
-        return self._one(f"SELECT {_RECORD_COUNT} FROM records")[0]
+    def record_count(self, after: int = 0) -> int:
+        return self._one(f"SELECT {_RECORD_COUNT} FROM records WHERE seq > %s", (after,))[0]
 
     def analysed_through(self) -> int:
         row = self._one("SELECT value FROM counters WHERE name = 'analysed'")

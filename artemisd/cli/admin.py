@@ -103,7 +103,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"last turn {inst['seen_s_ago']:.0f} s ago")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["incidents"].items())) or "none"
     print(f"incidents: {counts}")
-    print(f"open actions: {status['open_actions']}   stored records: {status['records']}")
+    behind = f"   not analysed yet: {status['not_analysed']}" if "not_analysed" in status else ""
+    print(f"open actions: {status['open_actions']}   stored records: {status['records']}{behind}")
     if status.get("quarantined") or status.get("restore_skipped"):
         # Records that failed analysis or could not be replayed at the last start: never replayed again.
         print(f"quarantined records: {status.get('quarantined', 0)} "

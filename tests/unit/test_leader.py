@@ -194,9 +194,13 @@ def test_any_instance_takes_reports_and_the_leader_alone_analyses_them(pg_server
             replies = await b.windows(range(8, 12), SLOW_BUSY, gpu=HOT)
             assert [r["accepted"] for r in replies] == [8, 8, 8, 8]
             assert b.daemon.role == "standby" and await b.incidents() == []  # stored, not analysed
+            # What admins see of it: reports stored and not analysed yet, on either instance.
+            status = await (await b.client.get("/v1/status")).json()
+            assert status["not_analysed"] >= 4 * 8 + 1  # the slow windows and the node check, at least
             for _ in range(2):
                 await a.daemon.run_once()  # the leader's turn analyses them
                 await b.daemon.run_once()  # the standby's follows what it analysed
+            assert (await (await b.client.get("/v1/status")).json())["not_analysed"] == 0
             [inc] = await a.incidents()
             assert (inc["cause"], inc["rank"], inc["node"], inc["onset_window"]) == ("gpu.thermal", 2, "n1", 8)
             assert a.daemon.store.node_evidence("n1") is not None  # the node check's event, kept by the standby
