@@ -76,6 +76,7 @@ class NodeRelay:
     def __init__(self, directory: Path, key: str, local_rank: int, job: str, job_step: str,
                  uid: int | None = None):
         self.uid = os.getuid() if uid is None else uid
+        self._pid = os.getpid()  # a forked child that exits must not remove this process's socket
         self.local_rank = local_rank
         self.job, self.job_step = job, job_step
         stem = hashlib.sha256(key.encode()).hexdigest()[:20]  # short: a socket path has ~100 bytes
@@ -136,6 +137,8 @@ class NodeRelay:
 
     def stop_listening(self) -> None:
         """No new datagram can reach this end (its path is gone); what already did is still read."""
+        if os.getpid() != self._pid:
+            return
         try:
             os.unlink(self.own_path)
         except OSError:

@@ -196,6 +196,12 @@ class Sender:
 
     # -- relay thread (local rank 0) -------------------------------------------
     def _take_handed(self) -> None:
+        try:
+            self._relay_loop()
+        except Exception as err:  # noqa: BLE001 - siblings post for themselves once nothing reads their batches
+            self.last_error = f"relay: {err!r}"
+
+    def _relay_loop(self) -> None:
         relay = self._relay
         assert relay is not None
         while True:

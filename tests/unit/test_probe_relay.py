@@ -169,3 +169,24 @@ def test_no_relay_in_a_directory_others_may_enter(tmp_path):
     directory.rmdir()
     directory.symlink_to(tmp_path / "elsewhere")  # never followed
     assert private_directory(os.getuid(), str(tmp_path)) is None
+
+
+def test_a_forked_child_that_exits_leaves_the_relay_in_place(tmp_path, daemon):
+    """A process forked from a rank (a user's helper) runs the rank's exit handlers when it exits
+    normally: closing its copy of the relay must not remove the rank's socket."""
+    replies: dict[int, list] = {}
+    relay, sibling = _node(tmp_path, daemon, 2, replies)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child closes its copies and exits
+            relay._relay.close()  # type: ignore[union-attr]
+            sibling._relay.close()  # type: ignore[union-attr]
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        sibling.submit(_report(1))
+        assert sibling.flush(5)
+        assert sibling.handed_over == 1
+        _wait_for(lambda: relay.relayed == 1)
+        _wait_for(lambda: bool(replies[1]))  # the sibling's own socket is still there too
+    finally:
+        relay.close(), sibling.close()
