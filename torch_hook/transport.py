@@ -9,7 +9,8 @@ telemetry, off the training thread), batches them and either POSTs them to
 
 ``endpoint`` may list several daemons (``http://a:7600,http://b:7600``: one
 leads, the others stand by; any of them takes reports).  Each rank has a home
-daemon, its rank modulo their number, so a job's ranks spread their requests
+daemon (its rank plus a hash of its node, modulo their number), so a job's
+ranks, and a cluster's node relays, spread their requests
 over all of them: a request costs a daemon more than the report in it (about
 1 ms of CPU against 0.05, docs/benchmarks.md), and a standby's share of that
 is work the leader does not do.  One that cannot be reached, or answers
@@ -39,6 +40,8 @@ it.  A relayed report that the relay cannot deliver is counted in the relay's
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import queue
@@ -129,7 +132,7 @@ class Sender:
         self._relay_full = 0  # relay thread: siblings' reports dropped, the queue full
         self._relay_lost = 0  # sender thread: siblings' reports whose request failed
         self.handed_over = 0  # sender thread: this sibling's reports the relay took
-        self._home_rank: Any = None  # sender thread: the rank of this sender's own reports
+        self._own: dict[str, Any] | None = None  # sender thread: a report of this sender's own (rank, node)
         self._relay = relay if relay is not None and self._urls and relay.open() else None
         self._relay_stop = threading.Event()
         self._siblings_seen = False  # relay thread: a sibling has handed a batch over
@@ -281,7 +284,7 @@ class Sender:
                         self.last_error = f"enrich: {err!r}"
                 report["dropped_reports"] = self.dropped
             if own:
-                self._home_rank = own[0].get("rank")
+                self._own = own[0]
             if not self.endpoint:
                 return
             if self._relay is not None and not self._relay.is_relay and self._relay.hand_over(own):
@@ -324,10 +327,18 @@ class Sender:
         finally:
             os.close(fd)
 
-    def _home_and_first(self, rank: Any) -> tuple[int, int]:
-        """This rank's home daemon (its rank modulo the daemons), and the one a batch goes to first:
-        the one that took the last batch, or home at the start and ``RETURN_HOME_S`` after a failover."""
-        home = rank % len(self._urls) if type(rank) is int and rank >= 0 else 0
+    def _home_and_first(self, report: dict[str, Any]) -> tuple[int, int]:
+        """This rank's home daemon, and the one a batch goes to first: the one that took the last
+        batch, or home at the start and ``RETURN_HOME_S`` after a failover.
+
+        Home is the rank plus a hash of its node, modulo the daemons: a node's ranks alternate over
+        them, and so do the nodes' relays, whose ranks (local rank 0's) are all multiples of the
+        node's size, which the rank alone would send to the same daemon."""
+        rank, node = report.get("rank"), report.get("node")
+        if type(rank) is not int or rank < 0 or not isinstance(node, str):
+            home = 0
+        else:
+            home = (rank + node_hash(node)) % len(self._urls)
         if self._current is None or time.monotonic() - self._away_since >= RETURN_HOME_S:
             return home, home
         return home, self._current
@@ -339,7 +350,7 @@ class Sender:
         failure: Exception | None = None
         unsigned = False
         # A relay's batch may begin with a sibling's report: its home stays its own rank's.
-        home, first = self._home_and_first(self._home_rank if self._home_rank is not None else batch[0].get("rank"))
+        home, first = self._home_and_first(self._own if self._own is not None else batch[0])
         for turn in range(len(self._urls)):
             at = (first + turn) % len(self._urls)
             # A credential per daemon: munge decodes each one once (a second
@@ -397,3 +408,10 @@ class Sender:
 
 def _reports_in(batch: list[Any]) -> int:
     return sum(len(item.reports) if isinstance(item, _Relayed) else 1 for item in batch)
+
+
+@functools.lru_cache(maxsize=64)
+def node_hash(node: str) -> int:
+    """A node name's well-mixed hash (CRC32's low bits are alike for n0, n1, n2...: every node's
+    relay would have the same home)."""
+    return int.from_bytes(hashlib.blake2b(node.encode("utf-8", "replace"), digest_size=8).digest(), "big")

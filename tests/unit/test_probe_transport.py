@@ -18,6 +18,15 @@ from torch_hook.retry import Backoff, retry_after_s
 from torch_hook.transport import Sender
 
 
+def _tried_in_turn(*urls: str) -> str:
+    """An endpoint list whose daemons ``_report``'s rank tries in the order given: the list rotated
+    so that the first given is its home."""
+    from torch_hook.transport import node_hash
+
+    home = (0 + node_hash("n1")) % len(urls)
+    return ",".join(urls[(i - home) % len(urls)] for i in range(len(urls)))
+
+
 def _report(seq: int) -> dict:
     return {"type": "window", "v": 1, "job": "1", "rank": 0, "world": 1, "node": "n1",
             "window": {"seq": seq, "first_step": seq, "steps": 1, "t0": 1.0, "t1": 2.0},
@@ -267,7 +276,8 @@ def test_each_daemon_of_a_list_gets_a_credential_of_its_own(munged):
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
     try:
-        sender = Sender(",".join(f"http://127.0.0.1:{srv.server_address[1]}" for srv in servers), munge_socket=munged)
+        sender = Sender(_tried_in_turn(*(f"http://127.0.0.1:{srv.server_address[1]}" for srv in servers)),
+                        munge_socket=munged)
         sender.submit(_report(0))
         assert sender.flush(10)
         sender.close()
@@ -324,7 +334,7 @@ def _delivered() -> list[int]:
 
 
 def test_a_list_of_daemons_goes_past_a_dead_one_and_a_deferring_one_without_waiting(server, deferring):
-    sender = Sender(f"{_closed_port()},{deferring},{server}")
+    sender = Sender(_tried_in_turn(_closed_port(), deferring, server))
     for seq in range(3):
         sender.submit(_report(seq))
         assert sender.flush(10)
@@ -336,7 +346,7 @@ def test_a_list_of_daemons_goes_past_a_dead_one_and_a_deferring_one_without_wait
 
 def test_when_every_daemon_defers_the_batch_waits_and_is_not_lost(server, deferring):
     _Handler.busy = 1  # the other daemon is at its connection cap once
-    sender = Sender(f"{deferring},{server}")
+    sender = Sender(_tried_in_turn(deferring, server))
     sender.submit(_report(7))
     assert sender.flush(15)
     sender.close()
@@ -382,9 +392,12 @@ class _Recording(BaseHTTPRequestHandler):
 
 def test_ranks_spread_over_the_daemons_of_a_list_and_return_home_after_a_failover(monkeypatch):
     """A request costs a daemon far more than the report in it: each rank posts to its home
-    daemon (rank modulo the list), so a standby takes its share; a rank whose home refused a batch
-    sends to the one that took it, and home again after RETURN_HOME_S."""
+    daemon (rank plus its node's hash, modulo the list), so a standby takes its share; a rank whose
+    home refused a batch sends to the one that took it, and home again after RETURN_HOME_S."""
     import torch_hook.transport as transport
+
+    def home(rank: int, node: str = "n1") -> int:
+        return (rank + transport.node_hash(node)) % 2
 
     monkeypatch.setattr(transport, "RETURN_HOME_S", 0.5)
     daemons = [type(f"Daemon{i}", (_Recording,), {"ranks": [], "refuse": 0}) for i in range(2)]
@@ -398,23 +411,36 @@ def test_ranks_spread_over_the_daemons_of_a_list_and_return_home_after_a_failove
         for rank, sender in enumerate(senders):
             sender.submit(_report(0) | {"rank": rank, "world": 4})
             assert sender.flush(10)
-        assert (daemons[0].ranks, daemons[1].ranks) == ([0, 2], [1, 3])
+        # A node's ranks alternate over the daemons.
+        assert daemons[home(0)].ranks == [0, 2] and daemons[home(1)].ranks == [1, 3] and home(0) != home(1)
         assert all(s.failovers == 0 for s in senders)
 
-        rank1 = senders[1]
-        daemons[1].refuse = 1  # rank 1's home cannot take this one
+        rank1, away = senders[1], 1 - home(1)
+        daemons[home(1)].refuse = 1  # rank 1's home cannot take this one
         rank1.submit(_report(1) | {"rank": 1, "world": 4})
         assert rank1.flush(10)
         rank1.submit(_report(2) | {"rank": 1, "world": 4})  # straight to the daemon that took the last
         assert rank1.flush(10)
-        assert daemons[0].ranks[-2:] == [1, 1] and rank1.failovers == 1 and rank1.deferred == 0
+        assert daemons[away].ranks[-2:] == [1, 1] and rank1.failovers == 1 and rank1.deferred == 0
         time.sleep(0.6)
         rank1.submit(_report(3) | {"rank": 1, "world": 4})  # home again
         assert rank1.flush(10)
-        assert daemons[1].ranks[-1] == 1 and daemons[0].ranks.count(1) == 2
+        assert daemons[home(1)].ranks[-1] == 1 and daemons[away].ranks.count(1) == 2
+
+        # Nodes' relays (local rank 0: ranks 0, 8, 16, 24 of 8-GPU nodes) spread too: the rank
+        # alone would send them all to the same daemon.
+        for daemon in daemons:
+            daemon.ranks.clear()
+        relays = [Sender(endpoint) for _ in range(4)]
+        for i, relay in enumerate(relays):
+            relay.submit(_report(0) | {"rank": 8 * i, "world": 32, "node": f"n{i}"})
+            assert relay.flush(10)
+            relay.close()
+        assert all(8 * i in daemons[home(8 * i, f"n{i}")].ranks for i in range(4))
+        assert daemons[0].ranks and daemons[1].ranks, "n0-n3's relays all went to one daemon"
         for sender in senders:
             sender.close()
-        assert sum(s.dropped for s in senders) == 0
+        assert sum(s.dropped for s in senders + relays) == 0
     finally:
         for srv in servers:
             srv.shutdown()
