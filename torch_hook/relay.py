@@ -67,19 +67,16 @@ def private_directory(uid: int, base: str | None = None) -> Path | None:
 
 
 class NodeRelay:
-    """One rank's end of its node's relay: the relay itself (local rank 0) or a sibling.
+    """One rank's end of its node's relay (of its job step on its node): the relay itself (local rank
+    0) or a sibling."""
 
-    ``key`` names the job step on this node (its job, step and node); every
-    local rank of it computes the same one.
-    """
-
-    def __init__(self, directory: Path, key: str, local_rank: int, job: str, job_step: str,
-                 uid: int | None = None):
-        self.uid = os.getuid() if uid is None else uid
+    def __init__(self, directory: Path, job: str, job_step: str, node: str, local_rank: int):
+        self.uid = os.getuid()
         self._pid = os.getpid()  # a forked child that exits must not remove this process's socket
         self.local_rank = local_rank
         self.job, self.job_step = job, job_step
-        stem = hashlib.sha256(key.encode()).hexdigest()[:20]  # short: a socket path has ~100 bytes
+        # Every local rank of the job step names the same relay; short: a socket path has ~100 bytes.
+        stem = hashlib.sha256(f"{job}\0{job_step}\0{node}".encode()).hexdigest()[:20]
         self._stem = str(directory / stem)
         self.relay_path = f"{self._stem}.relay"
         # A sibling's socket is named for its process and local rank: local ranks can repeat on a
@@ -99,7 +96,7 @@ class NodeRelay:
         directory = private_directory(os.getuid(), base)
         if directory is None:
             return None
-        return cls(directory, f"{job}\0{job_step}\0{node}", local_rank, job, job_step)
+        return cls(directory, job, job_step, node, local_rank)
 
     @property
     def is_relay(self) -> bool:
