@@ -66,6 +66,41 @@ def private_directory(uid: int, base: str | None = None) -> Path | None:
     return path
 
 
+def sweep_abandoned(directory: Path, most: int = 1024) -> int:
+    """Remove the sockets in ``directory`` that no process listens on any more; how many went.
+
+    A rank killed by a signal (``scancel``, the OOM killer, a launcher tearing down its ranks) never
+    removes its socket, and ``$TMPDIR`` may outlive the job.  A bound socket accepts ``connect()``; a
+    socket file whose process has gone refuses it, and only that is removed.  The inode is compared
+    before and after, so a path that a new run binds again in between is left alone.  Bounded: a
+    directory of thousands is swept a part at a time, at each relay's start."""
+    removed = 0
+    try:
+        entries = os.scandir(directory)
+    except OSError:
+        return 0
+    with entries, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        for count, entry in enumerate(entries):
+            if count >= most:
+                break
+            try:
+                before = entry.stat(follow_symlinks=False)
+                if not stat.S_ISSOCK(before.st_mode):
+                    continue
+                probe.connect(entry.path)
+            except ConnectionRefusedError:
+                try:
+                    after = os.lstat(entry.path)
+                    if (after.st_ino, after.st_dev) == (before.st_ino, before.st_dev):
+                        os.unlink(entry.path)
+                        removed += 1
+                except OSError:
+                    pass
+            except OSError:  # listening (connected), another user's, or gone already
+                pass
+    return removed
+
+
 class NodeRelay:
     """One rank's end of its node's relay (of its job step on its node): the relay itself (local rank
     0) or a sibling."""
@@ -112,6 +147,8 @@ class NodeRelay:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             self._unlink_stale(self.own_path)
+            if self.is_relay:
+                sweep_abandoned(Path(self.own_path).parent)
             sock.bind(self.own_path)
             os.chmod(self.own_path, 0o600)
             # Non-blocking: with a timeout, CPython polls before every call, so even a

@@ -190,3 +190,26 @@ def test_a_forked_child_that_exits_leaves_the_relay_in_place(tmp_path, daemon):
         _wait_for(lambda: bool(replies[1]))  # the sibling's own socket is still there too
     finally:
         relay.close(), sibling.close()
+
+
+def test_a_relay_that_starts_removes_the_sockets_of_ranks_killed_earlier(tmp_path):
+    """A rank killed by a signal leaves its socket behind; the next relay to start in the directory
+    removes every socket no process listens on, and nothing else."""
+    directory = private_directory(os.getuid(), str(tmp_path))
+    assert directory is not None
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listening.bind(str(directory / "live.relay"))
+    for name in ("killed.relay", "killed.123.1"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as gone:
+            gone.bind(str(directory / name))  # closed without unlinking: what SIGKILL leaves
+    (directory / "not-a-socket").write_text("")
+    relay = NodeRelay.for_rank(JOB, STEP, NODE, 0, base=str(tmp_path))
+    sibling = NodeRelay.for_rank(JOB, STEP, NODE, 1, base=str(tmp_path))
+    try:
+        assert relay is not None and relay.open() and sibling is not None and sibling.open()
+        assert sorted(p.name for p in directory.iterdir()) == sorted(
+            ["live.relay", "not-a-socket", Path(relay.own_path).name, Path(sibling.own_path).name])
+    finally:
+        listening.close()
+        relay.close(), sibling.close()
+
