@@ -379,6 +379,7 @@ class FastReport(_Fast, kw_only=True):
     env: _Env | None = None
     probe: _Probe | None = None
     dropped_reports: _Count | None = None
+    relay_dropped: _Count | None = None
     rebalance_opt_in: bool | None = None
 
 

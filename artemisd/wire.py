@@ -241,6 +241,9 @@ class WindowReport(_Model):
     env: EnvFingerprint | None = None
     probe: ProbeResult | None = None
     dropped_reports: Count | None = None
+    # Extension of v1: a node relay's (local rank 0's) count of its siblings'
+    # reports it took and could not deliver (cumulative), torch_hook/relay.py.
+    relay_dropped: Count | None = None
     # Extension of v1: true once the job reads its work shares (the probe's
     # WeightedDistributedSampler or work_share()): rebalancing is opt-in.
     rebalance_opt_in: bool | None = None

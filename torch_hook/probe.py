@@ -224,7 +224,7 @@ class Probe:
                 self._comm_lib = "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
             self._new_group(dist.GroupMember.WORLD, "world")
         else:
-            self._device_index = int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0)
+            self._device_index = self.config.local_rank or 0
             self._comm_lib = backend if backend != "none" else None
 
     # -- the step boundary (training thread) ---------------------------------

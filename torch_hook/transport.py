@@ -35,7 +35,8 @@ up to ``LINGER_S`` after the first of a window for the others, and hands them
 the daemon's reply; a sibling's sender hands its batches over and reads the
 replies it is handed, posting a batch itself whenever the relay cannot take
 it.  A relayed report that the relay cannot deliver is counted in the relay's
-``relay_dropped``, not in its sender's ``dropped_reports``.
+``relay_dropped``, not in its sender's ``dropped_reports``; the relay's own
+reports carry both.
 """
 
 from __future__ import annotations
@@ -283,6 +284,8 @@ class Sender:
                         self.errors += 1
                         self.last_error = f"enrich: {err!r}"
                 report["dropped_reports"] = self.dropped
+                if self._relay is not None and self._relay.is_relay:
+                    report["relay_dropped"] = self.relay_dropped
             if own:
                 self._own = own[0]
             if not self.endpoint:

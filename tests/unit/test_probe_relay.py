@@ -213,3 +213,24 @@ def test_a_relay_that_starts_removes_the_sockets_of_ranks_killed_earlier(tmp_pat
         listening.close()
         relay.close(), sibling.close()
 
+
+def test_the_relays_own_reports_count_its_siblings_reports_it_could_not_deliver(tmp_path):
+    """``relay_dropped`` in the relay's reports: the daemon logs and counts those losses, as it
+    does a rank's own ``dropped_reports``."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody_listens = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    replies: dict[int, list] = {}
+    relay, sibling = _node(tmp_path, nobody_listens, 2, replies)
+    try:
+        theirs = _report(1, 0)
+        sibling.submit(theirs)
+        assert sibling.flush(5) and sibling.handed_over == 1
+        _wait_for(lambda: relay.relay_dropped == 1)
+        own = _report(0, 1)
+        relay.submit(own)
+        assert relay.flush(5)
+        assert (own["dropped_reports"], own["relay_dropped"]) == (0, 1) and relay.dropped == 1
+        assert theirs["dropped_reports"] == 0 and "relay_dropped" not in theirs  # a sibling's never carry it
+    finally:
+        relay.close(), sibling.close()
