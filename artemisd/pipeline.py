@@ -246,6 +246,28 @@ class Analyzer:
         """False once the incident's subject has been healthy for RecoverWindows windows."""
         return incident_id not in self._ended
 
+    def jobs(self) -> set[str]:
+        """The jobs whose state this analyzer holds."""
+        return {job for job, _ in self._jobs}
+
+    def forget_job(self, job: str) -> list[str]:
+        """Drop everything held of a job that ended with its incidents closed; the ids of its incidents.
+
+        A daemon runs for months: what it holds of the jobs it has seen end
+        would grow without bound (about 1 kB a rank), and the scans over it
+        (``_fingerprint``, ``probe_outstanding``) with it.  What is learnt
+        across jobs (the workload references) stays."""
+        for key in [key for key in self._jobs if key[0] == job]:
+            del self._jobs[key]
+        for key in [key for key in self._node_fingerprints if key[0] == job]:
+            del self._node_fingerprints[key]
+        gone = [incident.id for incident in self.incidents if incident.job == job]
+        if gone:
+            self.incidents = [incident for incident in self.incidents if incident.job != job]
+            for incident_id in gone:
+                self._ended.pop(incident_id, None)
+        return gone
+
     def analyze_frame(self, frame: WindowFrame) -> list[Incident]:
         """Analyse one assembled window (the cost benchmark's entry point)."""
         state = self._jobs.get((frame.job, frame.job_step))

@@ -114,7 +114,7 @@ class Daemon:
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
         self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
-        self._last_report: dict[tuple[str, int], tuple[str, str, int | None]] = {}  # -> step, node, gpu
+        self._last_report: dict[str, dict[int, tuple[str, str, int | None]]] = {}  # job -> rank -> step, node, gpu
         self._steps: dict[str, str] = {}
         self._world: dict[str, int] = {}  # job -> its ranks (GPUs): what a requeue restarts
         self._window_count: dict[str, int] = {}
@@ -123,7 +123,8 @@ class Daemon:
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
-        self._dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> its probe's dropped_reports
+        # job -> rank -> its probe's dropped_reports and relay_dropped
+        self._dropped: dict[str, dict[int, tuple[int, int]]] = {}
         self._restoring = False
         # Every stored record up to _fed_seq is in this instance's analyzer; so
         # are those above it in _fed_own (the ones it analysed as it stored them, leading).
@@ -180,12 +181,15 @@ class Daemon:
         Rows commit in ``seq`` order (``add_records``), so "above the highest
         seq fed" misses none.
         """
+        marked = self._marked
         self._marked = max(self._marked, self.store.analysed_through())
         fed, skipped, _ = self._follow_through(self._marked, publish=False)
         if self._fence is not None:
             more, more_skipped, _ = self._follow_through(None, publish=True)
             fed, skipped = fed + more, skipped + more_skipped
             self._mark_analysed()
+        elif self._marked > marked:
+            self._forget_what_the_leader_forgot()
         self.restore_skipped += skipped
         return fed
 
@@ -691,7 +695,7 @@ class Daemon:
     def _remember(self, rec: WindowReport | NodeEvent) -> None:
         if rec.type == "window":
             gpu = rec.device.index if rec.device is not None else None
-            self._last_report[(rec.job, rec.rank)] = (rec.step, rec.node, gpu)
+            self._last_report.setdefault(rec.job, {})[rec.rank] = (rec.step, rec.node, gpu)
             self._steps[rec.job] = rec.step
             self._world[rec.job] = rec.world
             if rec.rebalance_opt_in:
@@ -699,16 +703,21 @@ class Daemon:
             self._reconnected(rec)
 
     def _reconnected(self, rec: WindowReport) -> None:
-        """A rank whose cumulative ``dropped_reports`` grew could not reach us for a while: say so."""
-        if rec.dropped_reports is None:
+        """A rank whose cumulative ``dropped_reports`` (or, a node's relay, ``relay_dropped``: its
+        siblings' reports) grew could not reach us for a while: say so."""
+        if rec.dropped_reports is None and rec.relay_dropped is None:
             return
-        key = (rec.job, rec.rank)
-        before = self._dropped.get(key, 0)
-        self._dropped[key] = rec.dropped_reports
-        if rec.dropped_reports > before and not self._restoring:
-            self.metrics.probe_dropped.inc(rec.dropped_reports - before)
+        ranks = self._dropped.setdefault(rec.job, {})
+        before, relay_before = ranks.get(rec.rank, (0, 0))
+        dropped = before if rec.dropped_reports is None else rec.dropped_reports
+        relay_dropped = relay_before if rec.relay_dropped is None else rec.relay_dropped
+        ranks[rec.rank] = (dropped, relay_dropped)
+        grew = max(0, dropped - before) + max(0, relay_dropped - relay_before)
+        if grew and not self._restoring:
+            self.metrics.probe_dropped.inc(grew)
             log.warning("probe reached the daemon again", job=rec.job, rank=rec.rank, node=rec.node,
-                        dropped=rec.dropped_reports - before, dropped_total=rec.dropped_reports)
+                        dropped=dropped - before, dropped_total=dropped,
+                        relay_dropped=relay_dropped - relay_before, relay_dropped_total=relay_dropped)
 
     def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.
@@ -719,8 +728,29 @@ class Daemon:
         for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
             if all(i.state in FINAL for i in self.store.incidents(job=job)):
                 self.store.forget_job(job)
-                for key in [key for key in self._runs if key[0] == job]:
-                    del self._runs[key]
+                self._forget_in_memory(job)
+
+    def _forget_what_the_leader_forgot(self) -> None:
+        """A standby: the jobs the leader forgot (``_forget_ended``) leave its memory too.  It cannot
+        read their ends for itself: the leader's ``forget_job`` takes the job's end with its records,
+        often before the standby reads that far.  A job it holds has records stored until then."""
+        held = self.analyzer.jobs()
+        if held:
+            for job in held - self.store.jobs_with_records(held):
+                self._forget_in_memory(job)
+
+    def _forget_in_memory(self, job: str) -> None:
+        """What this instance holds of an ended job whose incidents are closed, in the analyzer and
+        beside it: without this a daemon's memory grows with every job it has seen."""
+        for analyzer_id in self.analyzer.forget_job(job):
+            self._bound.pop(analyzer_id, None)
+            self._probe_due.pop(analyzer_id, None)
+        for key in [key for key in self._runs if key[0] == job]:
+            del self._runs[key]
+        for per_job in (self._last_report, self._dropped, self._steps, self._world, self._window_count,
+                        self._job_info):
+            per_job.pop(job, None)
+        self._rebalance_opt_in.discard(job)
 
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept
@@ -1030,7 +1060,7 @@ class Daemon:
         return tuple(policy.DrainRecord(*row) for row in self.store.drain_actions())
 
     def _gpu_of(self, inc: Incident) -> int | None:
-        return self._last_report.get((inc.job, inc.rank), (None, None, None))[2] if inc.rank is not None else None
+        return self._last_report.get(inc.job, {}).get(inc.rank, (None, None, None))[2] if inc.rank is not None else None
 
     def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
         """A matched probe was issued for this incident and has neither answered nor expired.

@@ -422,6 +422,9 @@ class PostgresStore:
     def record_count(self, after: int = 0) -> int:
         return self._one(f"SELECT {_RECORD_COUNT} FROM records WHERE seq > %s", (after,))[0]
 
+    def jobs_with_records(self, jobs: Collection[str]) -> set[str]:
+        return {job for (job,) in self._all("SELECT DISTINCT job FROM records WHERE job = ANY(%s)", (sorted(jobs),))}
+
     def analysed_through(self) -> int:
         row = self._one("SELECT value FROM counters WHERE name = 'analysed'")
         return row[0] if row else 0

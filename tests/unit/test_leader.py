@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 
 import pytest
@@ -376,3 +377,21 @@ def test_two_artemisd_processes_kill_the_leader_and_the_standby_leads(pg_server,
                     proc.kill()
                     proc.wait()
         pg_server.drop_database("processes")
+
+
+def test_an_ended_job_leaves_the_memory_of_the_leader_and_of_the_standby(pg_server, tmp_path):  # noqa: F811
+    """The leader forgets an ended job (its incidents closed) in the store and in memory; the
+    standby, following the leader's records, forgets it in memory when it reads the job's end."""
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "forgotten") as (a, b, _):
+            await a.windows(range(0, 4), HEALTHY, job="200")
+            await a.windows(range(0, 4), HEALTHY, job="300")
+            await a.daemon.run_once()
+            await b.daemon.run_once()
+            assert a.daemon.analyzer.jobs() == b.daemon.analyzer.jobs() == {"200", "300"}
+            end = [{"type": "node", "v": 1, "event": "job_end", "job": "200", "node": "n0", "time": 0.0}]
+            assert (await (await a.client.post("/v1/reports", data=json.dumps(end))).json())["accepted"] == 1
+            await a.daemon.run_once()
+            await b.daemon.run_once()
+            assert a.daemon.analyzer.jobs() == b.daemon.analyzer.jobs() == {"300"}
+    run(scenario)

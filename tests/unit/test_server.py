@@ -457,6 +457,9 @@ def test_job_end_forgets_history_only_when_its_incidents_are_closed(tmp_path):
             rows = dict(h.daemon.store.db.execute("SELECT job, COUNT(*) FROM records GROUP BY job").fetchall())
             assert "200" not in rows  # ended, nothing open: forgotten
             assert rows["100"] > 0  # its incident is still open: kept for restart
+            # ... and in memory: a daemon that runs for months must not hold every job it has seen
+            assert h.daemon.analyzer.jobs() == {"100"}
+            assert not [job for job, _ in h.daemon._runs if job == "200"]
     run(scenario)
 
 

@@ -261,8 +261,10 @@ def test_forget_job_drops_its_records_and_throughput(store):
     store.add_records([("1", 0, "n1", 0.0, None, False, "{}"), ("2", 0, "n1", 0.0, None, False, "{}")])
     store.add_throughput("1", "0", 0, 100.0, 8)
     store.add_throughput("2", "0", 0, 90.0, 8)
+    assert store.jobs_with_records(["1", "2", "3"]) == {"1", "2"}
     store.forget_job("1")
     assert store.record_count() == 1 and store.window_records("1") == []
+    assert store.jobs_with_records(["1", "2", "3"]) == {"2"} and store.jobs_with_records([]) == set()
     assert store.throughput("1") == [] and store.throughput("2") == [("0", 0, 90.0)]
 
 

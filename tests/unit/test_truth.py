@@ -522,6 +522,12 @@ def test_the_daemon_counts_and_logs_reports_a_probe_dropped_when_it_comes_back(t
                           for r in lockstep(8, HEALTHY)])  # the same total: nothing new
             metrics = await (await h.client.get("/metrics")).text()
             assert "artemis_probe_reports_dropped_total 5.0" in metrics
+            # A node's relay (local rank 0) counts its siblings' reports it could not deliver apart.
+            await h.post([r.model_copy(update={"dropped_reports": 5 if r.rank == 3 else 0,
+                                               "relay_dropped": 7 if r.rank == 0 else None})
+                          for r in lockstep(9, HEALTHY)])
+            metrics = await (await h.client.get("/metrics")).text()
+            assert "artemis_probe_reports_dropped_total 12.0" in metrics
     run(scenario)
 
 
