@@ -47,6 +47,12 @@ _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EWOULDBLOCK, errn
          errno.EACCES, errno.EPERM, errno.ENOTDIR)
 
 
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
+
+
 def private_directory(uid: int, base: str | None = None) -> Path | None:
     """``<tmp>/artemis-<uid>``, created 0700; None unless it is a real directory of ``uid`` that no one
     else may enter."""
@@ -193,7 +199,9 @@ class NodeRelay:
             return None
         while True:
             try:
-                if wait and not select.select([sock], [], [], 0.5)[0]:
+                # poll, not select: a training process may hold over FD_SETSIZE (1,024) descriptors,
+                # and select() refuses a higher one (ValueError), which would stop the relay.
+                if wait and not _readable(sock, 0.5):
                     return None
                 data, ancillary, _, _ = sock.recvmsg(MAX_DATAGRAM, _CMSG_SPACE)
             except (BlockingIOError, InterruptedError):

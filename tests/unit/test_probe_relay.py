@@ -234,3 +234,33 @@ def test_the_relays_own_reports_count_its_siblings_reports_it_could_not_deliver(
         assert theirs["dropped_reports"] == 0 and "relay_dropped" not in theirs  # a sibling's never carry it
     finally:
         relay.close(), sibling.close()
+
+
+def test_the_relay_takes_batches_in_a_process_holding_over_a_thousand_descriptors(tmp_path, daemon):
+    """A training process can hold more descriptors than select() handles (FD_SETSIZE, 1,024):
+    the relay's socket then has a number above it, and the relay must still read it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard RLIMIT_NOFILE ({hard}) is too low")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        for _ in range(1100):  # the sockets opened next get numbers above 1,100
+            held.append(os.open(os.devnull, os.O_RDONLY))
+            if held[-1] >= 1100:
+                break
+        replies: dict[int, list] = {}
+        relay, sibling = _node(tmp_path, daemon, 2, replies)
+        try:
+            assert relay._relay._sock.fileno() > 1024  # type: ignore[union-attr]
+            sibling.submit(_report(1))
+            assert sibling.flush(5) and sibling.handed_over == 1
+            _wait_for(lambda: relay.relayed == 1)
+        finally:
+            relay.close(), sibling.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
