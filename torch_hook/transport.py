@@ -202,8 +202,11 @@ class Sender:
     def _take_handed(self) -> None:
         try:
             self._relay_loop()
-        except Exception as err:  # noqa: BLE001 - siblings post for themselves once nothing reads their batches
+        except Exception as err:  # noqa: BLE001 - the rank trains on; its siblings post for themselves
             self.last_error = f"relay: {err!r}"
+            # Its path goes at once: a sibling's next hand-over then fails and it posts the batch
+            # itself, instead of filling a socket nobody reads (those batches would be lost unseen).
+            self._relay.stop_listening()  # type: ignore[union-attr]
 
     def _relay_loop(self) -> None:
         relay = self._relay

@@ -264,3 +264,19 @@ def test_the_relay_takes_batches_in_a_process_holding_over_a_thousand_descriptor
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_relay_whose_thread_fails_lets_its_siblings_post_for_themselves_at_once(tmp_path, daemon, monkeypatch):
+    replies: dict[int, list] = {}
+    relay, sibling = _node(tmp_path, daemon, 2, replies)
+    try:
+        monkeypatch.setattr(relay._relay, "handed", lambda data: 1 / 0)  # a fault nobody foresaw
+        sibling.submit(_report(1, 0))
+        assert sibling.flush(5) and sibling.handed_over == 1
+        _wait_for(lambda: relay.last_error is not None)
+        sibling.submit(_report(1, 1))
+        assert sibling.flush(5)
+        assert (sibling.handed_over, sibling.sent) == (1, 1)  # not handed to a socket nobody reads
+        assert [[r["window"]["seq"] for r in body] for body in _Daemon.bodies] == [[1]]
+    finally:
+        relay.close(), sibling.close()
