@@ -34,8 +34,11 @@ as CPU seconds per 100,000 reports:
   ``artemisd`` process (AuthType=none) on a third database, fed over HTTP
   by a client on another CPU: two windows with each report its own request
   (what every rank's sender posts) and two in bodies of 8 (one node's
-  ranks); the server's CPU, and PostgreSQL's, per 100,000 reports of each.
-  Everything else above is per report; this is what a request costs.
+  ranks), each request on a new connection (``door_*_posts``), and the same
+  over one kept-alive connection (``door_*_kept``: the probe's sender keeps
+  its connection); the server's CPU, and PostgreSQL's, per 100,000 reports
+  of each.  Everything else above is per report; this is what a request
+  costs.
 
 The sizing table extrapolates linearly from those costs (every one of them
 is linear in the reports or the requests: per-record work plus one analysis
@@ -51,6 +54,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import http.client  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import random  # noqa: E402
@@ -236,11 +240,18 @@ def split_analysis(pg: PgServer, secret: Path, bodies: list[list[bytes]], ranks:
 def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = ROOT, name: str = "scale_door"
                ) -> dict[str, float]:
     """A real artemisd (the one in ``tree``) on ``cpu``, fed over HTTP: two windows of one-report
-    requests, then two in bodies of 8.  Its CPU and PostgreSQL's per shape."""
+    requests and two in bodies of 8, each request on a new connection (``_posts``), and the same
+    over one kept-alive connection (``_kept``), as the probe posts since 2026-12-06 where its
+    daemon's ``IdleTimeout`` outlasts a window.  A window at a time, new and kept alternating
+    (A B B A), so neither has the warmer daemon or the smaller tables.  Its CPU and PostgreSQL's
+    per shape."""
     url = pg.create_database(name)
     port = free_port()
     rng = random.Random(11)
-    shapes = {"door_rank_posts": 1, "door_node_posts": GPUS_PER_NODE}
+    shapes = {"door_rank_posts": (1, False), "door_rank_kept": (1, True),
+              "door_node_posts": (GPUS_PER_NODE, False), "door_node_kept": (GPUS_PER_NODE, True)}
+    names = list(shapes)
+    order = [names[i] for i in (0, 1, 1, 0, 2, 3, 3, 2)]
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp, "artemis.conf")
         conf.write_text(f"Listen=127.0.0.1:{port}\nAuthType=none\nStateURL={url}\nStatePasswordFile={secret}\n"
@@ -267,22 +278,27 @@ def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = RO
                     time.sleep(0.1)
             os.sched_setaffinity(0, {client_cpu})
             seq = 0
-            for name, size in shapes.items():
-                bodies = []
-                for _ in range(2):
-                    recs = window(seq, ranks, rng)
-                    seq += 1
-                    bodies += [(json.dumps(recs[i:i + size]).encode(), len(recs[i:i + size]))
-                               for i in range(0, ranks, size)]
+            for name in order:
+                size, kept = shapes[name]
+                recs = window(seq, ranks, rng)
+                seq += 1
+                bodies = [(json.dumps(recs[i:i + size]).encode(), len(recs[i:i + size]))
+                          for i in range(0, ranks, size)]
                 server_before, pg_before = cpu_seconds(proc.pid), server_cpu_s(pg)
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
                 for body, count in bodies:
-                    request = urllib.request.Request(f"{base}/v1/reports", data=body, method="POST")
-                    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
-                    assert reply["accepted"] == count, reply
+                    conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    reply = json.loads(response.read())
+                    assert response.status == 200 and reply["accepted"] == count, reply
+                    if not kept:
+                        conn.close()  # the next request opens a new one
+                conn.close()
                 # Scaled to the reports the main stages count, so per_100k reads alike.
-                out[name] = cpu_seconds(proc.pid) - server_before
-                out[name.replace("door", "door_pg")] = server_cpu_s(pg) - pg_before
-                out[name + "_reports"] = 2 * ranks
+                out[name] = out.get(name, 0.0) + cpu_seconds(proc.pid) - server_before
+                pg_name = name.replace("door", "door_pg")
+                out[pg_name] = out.get(pg_name, 0.0) + server_cpu_s(pg) - pg_before
+                out[name + "_reports"] = out.get(name + "_reports", 0) + ranks
         finally:
             os.sched_setaffinity(0, mine)
             proc.send_signal(signal.SIGTERM)
@@ -309,10 +325,12 @@ def door_side_by_side(pg: PgServer, secret: Path, ranks: int, cpu: int, baseline
             for label, got in runs.items() for key in got[0]}
 
 
-def sizing(per_100k: dict[str, float], keep: int) -> list[str]:
+def sizing(per_100k: dict[str, float], keep: int, idle_timeout_s: float) -> list[str]:
     """Cores of this machine per load.  With the front door measured, the instances' cores are its
-    figures (HTTP, store and analysis of one-report and of 8-report requests); without it, the
-    in-process figures of bodies of ``--batch``."""
+    figures (HTTP, store and analysis of one-report and of 8-report requests): over kept-alive
+    connections where the window is shorter than ``IdleTimeout`` (the probe's connection is still
+    open at its next window), else a new connection per request; without it, the in-process figures
+    of bodies of ``--batch``."""
     door = "door_rank_posts" in per_100k
     heads = (["artemisd cores, each rank posting", "artemisd cores, a node's 8 per request",
               "PostgreSQL cores, each rank posting"] if door else
@@ -323,7 +341,9 @@ def sizing(per_100k: dict[str, float], keep: int) -> list[str]:
         for window_s in (10, 60):
             rate = gpus / window_s
             if door:
-                cores = [per_100k["door_rank_posts"], per_100k["door_node_posts"], per_100k["door_pg_rank_posts"]]
+                shape = "kept" if "door_rank_kept" in per_100k and window_s < idle_timeout_s else "posts"
+                cores = [per_100k[f"door_rank_{shape}"], per_100k[f"door_node_{shape}"],
+                         per_100k[f"door_pg_rank_{shape}"]]
             else:
                 cores = [per_100k["validate"] + per_100k["accept"], per_100k["postgresql"]]
             follow = rate * per_100k["follow"] / 100_000
@@ -365,9 +385,11 @@ def main() -> int:
     print(f"{'':24}{'CPU s':>10}{'per 100k reports':>20}{'reports/CPU-s':>16}")
     for key, value in per_100k.items():
         print(f"{key:24}{got[key]:10.2f}{value:20.2f}{counted[key] / got[key] if got[key] else float('inf'):16,.0f}")
-    keep = parse_config_text("").daemon.history_windows_kept
-    print(f"\nsizing (linear in reports; HistoryWindowsKept={keep}):")
-    print("\n".join(sizing(per_100k, keep)))
+    defaults = parse_config_text("").daemon
+    keep, idle = defaults.history_windows_kept, defaults.idle_timeout
+    print(f"\nsizing (linear in reports; HistoryWindowsKept={keep}; requests on kept-alive connections where "
+          f"the window is shorter than IdleTimeout={idle:g} s):")
+    print("\n".join(sizing(per_100k, keep, idle)))
     return 0
 
 

@@ -19,6 +19,14 @@ so a failover costs no wait; later batches go to the daemon that took the
 last one, and home again after ``RETURN_HOME_S``.  Only when every one of them
 deferred does the sender wait.
 
+Each daemon's connection is kept alive from one batch to the next: a new
+connection per request cost the daemon ~0.5 ms of CPU besides the request's
+~1 ms (docs/benchmarks.md, "Scale").  The daemon closes a connection idle for
+its ``IdleTimeout`` (15 s), or sooner when it needs the slot; the sender sees
+that before it reuses one (it has something to read: the close) and opens a
+new one, and a request that meets the close in flight on a kept connection
+(the daemon read none of it) is sent once more on a new one, never more.
+
 A daemon that answers ``503``/``429`` (at its connection or memory limit) has
 stored nothing of the batch and asks to be retried: the sender waits its
 ``Retry-After`` (at least the current backoff, which doubles from 1 s up to
@@ -43,16 +51,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import http.client
 import json
 import os
 import queue
 import random
+import select
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from torch_hook.munge import MungeSigner
 from torch_hook.notice import Reachability
@@ -69,7 +78,16 @@ RETURN_HOME_S = 60.0
 LINGER_S = 0.2
 REPLY_POLL_S = 1.0  # a sibling reads the replies it was handed at least this often
 _HOLD_S = 300.0  # a batch the daemon keeps refusing is dropped after this long
+_REPLY_MAX = 1 << 20  # a longer reply is read this far (its directives lost) and its connection closed
 _STOP = object()
+# A kept-alive connection that fails in these ways before any reply was closed by the daemon while
+# idle (its IdleTimeout, or a newcomer took its slot at MaxConnections): the daemon read nothing of
+# the request, which is sent once more on a new connection.
+_CLOSED_WHILE_IDLE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class _Refused(Exception):
+    """The daemon answered and refused the batch itself (an error status other than 503/429)."""
 
 
 class _Deferred(Exception):
@@ -105,7 +123,12 @@ class Sender:
     ):
         self.endpoint = endpoint
         self._urls = [u for u in (endpoint or "").split(",") if u] if endpoint and endpoint.startswith("http") else []
+        self._paths = [urlsplit(u).path.rstrip("/") + "/v1/reports" for u in self._urls]
         self._current: int | None = None  # index of the daemon that took the last batch
+        # Sender thread: a kept-alive connection per daemon.  A new connection per request cost
+        # the daemon ~0.5 ms of CPU more than the request itself (docs/benchmarks.md, "Scale").
+        self._connections: dict[int, http.client.HTTPConnection] = {}
+        self.connections_opened = 0  # sender thread
         self._away_since = 0.0  # time.monotonic() when batches left the home daemon
         self.failovers = 0  # sender thread: batches that the first daemon tried passed on to another
         self.timeout_s = timeout_s
@@ -241,6 +264,7 @@ class Sender:
                 self._read_handed_replies()
                 continue
             if item is _STOP:
+                self._close_connections()
                 return
             batch = [item]
             # Only once siblings have handed batches over: a rank alone on its node never waits.
@@ -253,6 +277,7 @@ class Sender:
                     break
                 if more is _STOP:
                     self._send(batch, signer)
+                    self._close_connections()
                     return
                 batch.append(more)
             self._send(batch, signer)
@@ -333,6 +358,52 @@ class Sender:
         finally:
             os.close(fd)
 
+    def _exchange(self, at: int, body: bytes, headers: dict[str, str]) -> tuple[int, str, str | None, bytes]:
+        """POST ``body`` to daemon ``at`` over its kept-alive connection: (status, reason, Retry-After,
+        reply).  A connection the daemon closed while it was idle is replaced, and the request sent
+        once more on the new one, never more: the daemon read nothing of it on the old one."""
+        for attempt in range(2):
+            conn = self._connections.get(at)
+            reused = conn is not None and conn.sock is not None and not _connection_dropped(conn)
+            if not reused:
+                conn = self._connect(at)
+            assert conn is not None
+            try:
+                conn.request("POST", self._paths[at], body=body, headers=headers)
+                response = conn.getresponse()
+                raw = response.read(_REPLY_MAX)
+            except _CLOSED_WHILE_IDLE:
+                self._disconnect(at)
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                self._disconnect(at)
+                raise
+            if response.will_close or not response.isclosed():  # Connection: close, or a reply too long
+                self._disconnect(at)
+            return response.status, response.reason, response.getheader("Retry-After"), raw
+        raise AssertionError("unreachable")
+
+    def _connect(self, at: int) -> http.client.HTTPConnection:
+        self._disconnect(at)
+        url = urlsplit(self._urls[at])
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = kind(url.hostname or "", url.port, timeout=self.timeout_s)
+        conn.connect()  # http.client sets TCP_NODELAY: a request and its reply are one round trip
+        self._connections[at] = conn
+        self.connections_opened += 1
+        return conn
+
+    def _disconnect(self, at: int) -> None:
+        conn = self._connections.pop(at, None)
+        if conn is not None:
+            conn.close()
+
+    def _close_connections(self) -> None:
+        for at in list(self._connections):
+            self._disconnect(at)
+
     def _home_and_first(self, report: dict[str, Any]) -> tuple[int, int]:
         """This rank's home daemon, and the one a batch goes to first: the one that took the last
         batch, or home at the start and ``RETURN_HOME_S`` after a failover.
@@ -369,21 +440,18 @@ class Sender:
             elif not unsigned:
                 unsigned = True
                 self.unauthenticated += 1
-            request = urllib.request.Request(self._urls[at].rstrip("/") + "/v1/reports", data=body,
-                                             headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read(1 << 20)
-            except urllib.error.HTTPError as err:
-                if err.code not in RETRY_STATUSES:
-                    raise  # it answered, and refused the batch itself: another daemon would too
-                wait = retry_after_s(err.headers.get("Retry-After"))
-                if deferred is None or (wait or 0) > (deferred.wait_s or 0):
-                    deferred = _Deferred(err.code, wait)
-                continue
-            except OSError as err:  # unreachable, refused, timed out: the next one may lead
+                status, reason, retry_after, raw = self._exchange(at, body, headers)
+            except (OSError, http.client.HTTPException) as err:  # unreachable, timed out, garbled: the next may lead
                 failure = err
                 continue
+            if status in RETRY_STATUSES:
+                wait = retry_after_s(retry_after)
+                if deferred is None or (wait or 0) > (deferred.wait_s or 0):
+                    deferred = _Deferred(status, wait)
+                continue
+            if not 200 <= status < 300:  # it answered, and refused the batch itself: another daemon would too
+                raise _Refused(f"HTTP {status} {reason}: {raw[:200].decode('utf-8', 'replace')}")
             if at != first:
                 self.failovers += 1
             if at != home and first == home:
@@ -410,6 +478,15 @@ class Sender:
                 self.errors += 1
                 self.last_error = f"reply handler: {err!r}"
         return raw
+
+
+def _connection_dropped(conn: http.client.HTTPConnection) -> bool:
+    """An idle kept-alive connection with something to read has been closed by the daemon (or is
+    out of step with it): not to be used again.  poll, not select: a training process may hold
+    over 1,024 descriptors."""
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _reports_in(batch: list[Any]) -> int:

@@ -445,3 +445,58 @@ def test_ranks_spread_over_the_daemons_of_a_list_and_return_home_after_a_failove
         for srv in servers:
             srv.shutdown()
             srv.server_close()
+
+
+class _KeptAlive(BaseHTTPRequestHandler):
+    """A daemon that keeps connections alive (HTTP/1.1, as artemisd's aiohttp does), or closes them
+    the ways artemisd may: after a reply without saying so (``IdleTimeout``, a newcomer taking the
+    slot at ``MaxConnections``), or as a request comes in on a kept connection (the same, at that
+    instant): such a request is read and never answered nor taken."""
+    protocol_version = "HTTP/1.1"
+    taken: list[int] = []  # window seqs answered 200
+    connections: list[int] = []  # client ports, one per connection
+    close_after_reply = False
+    drop_second_request = False
+
+    def log_message(self, *args):
+        pass
+
+    def setup(self):
+        super().setup()
+        _KeptAlive.connections.append(self.client_address[1])
+        self.requests_here = 0
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests_here += 1
+        if _KeptAlive.drop_second_request and self.requests_here == 2:
+            _KeptAlive.drop_second_request = False  # once
+            self.close_connection = True
+            return
+        _KeptAlive.taken.extend(r["window"]["seq"] for r in body)
+        reply = json.dumps({"accepted": len(body)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+        self.close_connection = _KeptAlive.close_after_reply
+
+
+@pytest.mark.parametrize("closing", ["kept", "closed_after_reply", "closed_as_a_request_comes"])
+def test_batches_share_one_connection_and_none_is_lost_or_doubled_when_the_daemon_closes_it(closing):
+    _KeptAlive.taken, _KeptAlive.connections = [], []
+    _KeptAlive.close_after_reply = closing == "closed_after_reply"
+    _KeptAlive.drop_second_request = closing == "closed_as_a_request_comes"
+    with serving(_KeptAlive) as url:
+        sender = Sender(url)
+        try:
+            for seq in range(4):
+                sender.submit(_report(seq))
+                assert sender.flush(5)
+                time.sleep(0.05)  # the daemon's close reaches the sender before its next batch
+        finally:
+            sender.close()
+    assert _KeptAlive.taken == [0, 1, 2, 3] and sender.sent == 4 and sender.dropped == 0, sender.last_error
+    # The request met by the close went once more, on a new connection, which the rest then kept.
+    expected = {"kept": 1, "closed_after_reply": 4, "closed_as_a_request_comes": 2}[closing]
+    assert sender.connections_opened == len(_KeptAlive.connections) == expected
