@@ -63,6 +63,12 @@ ALLOCATION_RECHECK_S = 5.0
 # of its ~290), and a crash loses at most this long of the mark (those rows are
 # analysed again, publishing nothing new).  Turns and a clean stop always write it.
 MARK_EVERY_S = 1.0
+# A job whose end never reached the daemon (no epilog installed, or its job_end lost with its node):
+# once it has sent nothing this long, the leader asks Slurm, every QUIET_SWEEP_S and at most
+# QUIET_ASKED_PER_SWEEP jobs each time, and forgets it as a job_end would if Slurm says it ended.
+QUIET_S = 600.0
+QUIET_SWEEP_S = 300.0
+QUIET_ASKED_PER_SWEEP = 64
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
@@ -132,6 +138,8 @@ class Daemon:
         self._fed_own: set[int] = set()
         self._marked = 0  # the analysed_through this instance last read or wrote
         self._marked_at = -math.inf  # time.monotonic() of this instance's last write of it
+        self._quiet_swept = -math.inf  # self.clock() of the last _forget_quiet_ended
+        self._quiet_last_asked = ""  # the job that sweep asked Slurm about last: the next starts after it
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
@@ -981,7 +989,42 @@ class Daemon:
         for stored in self.store.incidents(states=[S.CONFIRMED, S.ESCALATED, S.UNRESOLVED]):
             if stored.id in analyzer_ids and not self.analyzer.subject_active(analyzer_ids[stored.id]):
                 self._close_recovered(stored, now)
+        await self._forget_quiet_ended(now)
         self._update_gauges()
+
+    async def _forget_quiet_ended(self, now: float) -> None:
+        """Jobs that ended without their end reaching us leave the store and memory, as a job_end
+        would have them: a job held that has sent nothing for ``QUIET_S``, that Slurm says is no
+        longer pending or running (or no longer knows), and whose incidents are all closed.  Slurm
+        is the truth for a job's state; while it cannot be asked, nothing is forgotten.  Without
+        this, a site without the epilog would hold every job it has seen (~1 kB a rank)."""
+        if now - self._quiet_swept < QUIET_SWEEP_S:
+            return
+        self._quiet_swept = now
+        held = sorted(self.analyzer.jobs())
+        # In turn from after the last one asked: a long list of quiet running jobs must not starve
+        # the ones after it.
+        start = next((i for i, job in enumerate(held) if job > self._quiet_last_asked), 0)
+        asked = 0
+        for job in held[start:] + held[:start]:
+            if asked >= QUIET_ASKED_PER_SWEEP:
+                break
+            seen = self.store.job_last_seen(job)
+            if seen is not None and now - seen < QUIET_S:
+                continue
+            asked += 1
+            self._quiet_last_asked = job
+            try:
+                info = await self.job_info(job, fresh=True, strict=True)
+            except SlurmError:
+                return  # Slurm cannot say: the next sweep asks again
+            if info is not None and (info.pending or info.running):
+                continue
+            if all(i.state in FINAL for i in self.store.incidents(job=job)):
+                self.store.forget_job(job)
+                self._forget_in_memory(job)
+                log.info("ended job forgotten", job=job, quiet_s=round(now - seen) if seen is not None else None,
+                         slurm_state=info.state if info is not None else "not known to Slurm")
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {s.value: 0 for s in S}

@@ -463,6 +463,37 @@ def test_job_end_forgets_history_only_when_its_incidents_are_closed(tmp_path):
     run(scenario)
 
 
+def test_a_job_whose_end_never_came_is_forgotten_once_slurm_says_it_ended(tmp_path):
+    """No epilog installed (or its job_end lost with the node): a quiet job leaves the store and
+    memory once Slurm says it ended, and only then; while Slurm cannot be asked, nothing goes."""
+    from dataclasses import replace
+
+    from artemisd.service import QUIET_S, QUIET_SWEEP_S
+
+    async def scenario():
+        slurm = cluster()
+        slurm.add_job("200", 1000, tuple(f"n{i}" for i in range(4)))
+        async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\n", slurm, Clock()) as h:
+            await h.windows(range(0, 4), HEALTHY, job="200")
+            await h.windows(range(0, 4), HEALTHY)
+            h.clock.now += QUIET_S + QUIET_SWEEP_S
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"100", "200"}  # quiet, but running: kept
+            slurm.jobs["200"] = replace(slurm.jobs["200"], state="COMPLETED")
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"100", "200"}  # asked again only after QUIET_SWEEP_S
+            slurm.down = True
+            h.clock.now += QUIET_SWEEP_S
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"100", "200"}  # Slurm cannot say: nothing goes
+            slurm.down = False
+            h.clock.now += QUIET_SWEEP_S
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"100"}
+            assert h.daemon.store.window_records("200") == [] and h.daemon.store.window_records("100")
+    run(scenario)
+
+
 def test_reload_updates_policy_and_admins_and_keeps_old_config_on_error(tmp_path):
     from artemisd.config import load_config
     from artemisd.server import make_auth, reload_config
