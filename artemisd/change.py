@@ -27,6 +27,11 @@ from artemisd.frame import WindowFrame
 from artemisd.localize import diagnose_change
 
 References = dict[Hashable, list[WorkloadReference]]
+# Workloads whose reference is kept, the least recently remembered going first: one reference per
+# workload and software fingerprint (the newest job's), so a workload that thousands of jobs run
+# holds a handful, and months of distinct workloads hold at most this many.
+MAX_WORKLOADS = 4096
+MAX_FINGERPRINTS_PER_WORKLOAD = 16
 NODE_FINGERPRINT_KEYS = ("driver", "comm_lib", "kernel", "firmware")
 
 
@@ -74,11 +79,15 @@ def remember(references: References, job: str, previous_key: Hashable | None, ke
             references[previous_key] = old
         else:
             references.pop(previous_key, None)
-    refs = references.setdefault(key, [])
-    refs[:] = [r for r in refs if r.job != job]
+    # An older job's reference of the same fingerprint goes: ``check`` asks only whether this software
+    # ran the workload before and compares with the newest reference, which this one now is.
+    refs = [r for r in references.pop(key, []) if r.job != job and r.fingerprint != fingerprint]
     h = history
     refs.append(WorkloadReference(fingerprint, h.median("step"), h.median("step_p50"), h.median("busy"),
                                   h.median("comm_wait"), job, len(h.healthy)))
+    references[key] = refs[-MAX_FINGERPRINTS_PER_WORKLOAD:]  # (re)inserted last: the most recent
+    while len(references) > MAX_WORKLOADS:
+        del references[next(iter(references))]
 
 
 def check(references: References, job: str, key: Hashable, fingerprint_of: Callable[[], dict[str, str | None]],

@@ -189,6 +189,30 @@ def test_same_software_running_slower_is_not_a_change():
     assert confirmed == []
 
 
+def test_workload_references_stay_bounded_over_many_jobs_and_still_tell_a_change():
+    """A daemon that has seen thousands of jobs of one workload keeps one reference per software
+    fingerprint (the newest job's), and at most MAX_WORKLOADS workloads; what check() says is the same."""
+    from artemisd import change
+    from artemisd.baseline import JobHistory, JobSummary
+
+    history = JobHistory(depth=10)
+    for seq in range(5):
+        history.record(JobSummary(seq, 100.0, 80.0, 20.0, 0.0, 100.0, float("nan")))
+    old = {"driver": "550.54.15", "comm_lib": "nccl 2.21.5"}
+    new = {"driver": "555.42.02", "comm_lib": "nccl 2.21.5"}
+    references: change.References = {}
+    for job in range(1000):
+        change.remember(references, str(job), None, "llm-8x8", old, history)
+    assert [r.job for r in references["llm-8x8"]] == ["999"]
+    slower = JobSummary(0, 130.0, 110.0, 20.0, 0.0, 130.0, float("nan"))
+    assert change.check(references, "new", "llm-8x8", lambda: old, slower, 5.0, 0.05) is None  # same software
+    found = change.check(references, "new", "llm-8x8", lambda: new, slower, 5.0, 0.05)
+    assert found is not None and found[0].job == "999" and found[1] == pytest.approx(1.3)
+    for workload in range(change.MAX_WORKLOADS + 10):
+        change.remember(references, f"w{workload}", None, ("other", workload), old, history)
+    assert len(references) == change.MAX_WORKLOADS and "llm-8x8" not in references  # the oldest went
+
+
 def test_change_seen_through_node_events():
     rng = random.Random(7)
     windows = [lockstep(seq, noisy(rng), job="300", env={"comm_lib": "nccl 2.21.5"}) for seq in range(10)]
