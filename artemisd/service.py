@@ -69,6 +69,9 @@ MARK_EVERY_S = 1.0
 QUIET_S = 600.0
 QUIET_SWEEP_S = 300.0
 QUIET_ASKED_PER_SWEEP = 64
+# ... and stops asking once a sweep has taken this long: it runs in the leader's turn, and a slow
+# slurmctld must not hold decisions, actions and verification back (the next sweep goes on from there).
+QUIET_SWEEP_BUDGET_S = 2.0
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
@@ -1006,8 +1009,9 @@ class Daemon:
         # the ones after it.
         start = next((i for i, job in enumerate(held) if job > self._quiet_last_asked), 0)
         asked = 0
+        began = time.monotonic()
         for job in held[start:] + held[:start]:
-            if asked >= QUIET_ASKED_PER_SWEEP:
+            if asked >= QUIET_ASKED_PER_SWEEP or (asked and time.monotonic() - began >= QUIET_SWEEP_BUDGET_S):
                 break
             seen = self.store.job_last_seen(job)
             if seen is not None and now - seen < QUIET_S:

@@ -494,6 +494,32 @@ def test_a_job_whose_end_never_came_is_forgotten_once_slurm_says_it_ended(tmp_pa
     run(scenario)
 
 
+def test_the_quiet_jobs_sweep_stops_at_its_time_budget_and_goes_on_in_turn(tmp_path, monkeypatch):
+    """A slow slurmctld must not hold the leader's turn: a sweep stops asking once its budget is
+    spent (here at once: one job a sweep), and the next goes on from the job after the last asked."""
+    from dataclasses import replace
+
+    import artemisd.service as service
+
+    monkeypatch.setattr(service, "QUIET_SWEEP_BUDGET_S", 0.0)
+
+    async def scenario():
+        slurm = cluster()
+        async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\n", slurm, Clock()) as h:
+            for job in ("201", "202", "203"):
+                slurm.add_job(job, 1000, tuple(f"n{i}" for i in range(4)))
+                await h.windows(range(0, 2), HEALTHY, job=job)
+                slurm.jobs[job] = replace(slurm.jobs[job], state="COMPLETED")
+            h.clock.now += service.QUIET_S + service.QUIET_SWEEP_S
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"202", "203"}
+            for left in ({"203"}, set()):
+                h.clock.now += service.QUIET_SWEEP_S
+                await h.daemon.run_once()
+                assert h.daemon.analyzer.jobs() == left
+    run(scenario)
+
+
 def test_reload_updates_policy_and_admins_and_keeps_old_config_on_error(tmp_path):
     from artemisd.config import load_config
     from artemisd.server import make_auth, reload_config
