@@ -92,10 +92,11 @@ def main() -> int:
     print(f"{args.jobs} jobs of {args.ranks} ranks x {args.windows} windows, each ended by job_end "
           f"(after {args.warm} to warm up): kB still allocated per ended job")
     if args.baseline:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.ingest import artemisd_of
+
         with tempfile.TemporaryDirectory() as tmp:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "artemisd"], check=True,
-                                     capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            artemisd_of(args.baseline, Path(tmp))
             # The child puts the baseline's tree first on sys.path; the record shapes and the test
             # helpers they import come from this one.
             (Path(tmp) / "benchmarks").symlink_to(ROOT / "benchmarks")

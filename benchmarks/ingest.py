@@ -309,15 +309,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def artemisd_of(rev: str, dest: Path) -> Path:
+    """``artemisd`` of git revision ``rev``, extracted into ``dest`` (created): a tree to put first
+    on a process's path, for a side-by-side run against this one."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", rev, "artemisd"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def compare(windows: list[list[dict[str, Any]]], baseline: str, rounds: int, cpu: int, single: bool = False) -> int:
     """This tree vs ``baseline`` (a git revision), alternating worker processes; prints both and the ratio."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "baseline"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(root), "archive", baseline, "artemisd"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        old = artemisd_of(baseline, Path(tmp) / "baseline")
         trace_file = Path(tmp) / "trace.json"
         trace_file.write_text(json.dumps(windows))
         trees = {"this": root, baseline: old}

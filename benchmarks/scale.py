@@ -78,7 +78,7 @@ from artemisd.server import configure_logging, tune_gc  # noqa: E402
 from artemisd.service import Daemon  # noqa: E402
 from artemisd.slurm.cli import CliSlurm  # noqa: E402
 from artemisd.wire import DEFAULT_MAX_WORLD  # noqa: E402
-from benchmarks.ingest import cpu_seconds, free_port  # noqa: E402
+from benchmarks.ingest import artemisd_of, cpu_seconds, free_port  # noqa: E402
 from tests.unit.pg import PASSWORD, PgServer  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -312,11 +312,7 @@ def door_side_by_side(pg: PgServer, secret: Path, ranks: int, cpu: int, baseline
     fresh database: medians of two runs each, as ``<measure>@<rev>`` and ``<measure>@this``."""
     import statistics
 
-    old = tmp / "baseline"
-    old.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", baseline, "artemisd"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    old = artemisd_of(baseline, tmp / "baseline")
     runs: dict[str, list[dict[str, float]]] = {baseline: [], "this": []}
     for n, label in enumerate((baseline, "this", "this", baseline)):
         runs[label].append(front_door(pg, secret, ranks, cpu, old if label == baseline else ROOT,

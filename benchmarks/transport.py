@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.ingest import cpu_seconds, trace  # noqa: E402
+from benchmarks.ingest import artemisd_of, cpu_seconds, trace  # noqa: E402
 from tests.cluster.hostile import (StandaloneDaemon, concurrently, idle_connections, post, upload,  # noqa: E402
                                    vm_kib)
 from tests.cluster.munge import Munged  # noqa: E402
@@ -97,11 +96,7 @@ def ingest_vs(rev: str, rounds: int, cpu: int, client_cpu: int) -> dict[str, obj
     reports = sum(len(json.loads(b)) for b in windows)
     rates: dict[str, list[float]] = {"this": [], rev: []}
     with Munged() as munged, tempfile.TemporaryDirectory(prefix="artemis-ingest-vs-") as tmp:
-        old = Path(tmp) / "baseline"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "artemisd"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        old = artemisd_of(rev, Path(tmp) / "baseline")
         signer = MungeSigner(str(munged.socket))
         assert signer.credential(b"warm-up"), signer.last_error
         os.sched_setaffinity(0, {client_cpu})
