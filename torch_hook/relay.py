@@ -47,7 +47,9 @@ _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EWOULDBLOCK, errn
          errno.EACCES, errno.EPERM, errno.ENOTDIR)
 
 
-def _readable(sock: socket.socket, timeout_s: float) -> bool:
+def readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Something to read on ``sock`` within ``timeout_s``.  poll, not select: a training process may
+    hold over FD_SETSIZE (1,024) descriptors, and select() refuses a higher one (ValueError)."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(timeout_s * 1000))
@@ -199,9 +201,7 @@ class NodeRelay:
             return None
         while True:
             try:
-                # poll, not select: a training process may hold over FD_SETSIZE (1,024) descriptors,
-                # and select() refuses a higher one (ValueError), which would stop the relay.
-                if wait and not _readable(sock, 0.5):
+                if wait and not readable(sock, 0.5):
                     return None
                 data, ancillary, _, _ = sock.recvmsg(MAX_DATAGRAM, _CMSG_SPACE)
             except (BlockingIOError, InterruptedError):

@@ -56,7 +56,6 @@ import json
 import os
 import queue
 import random
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +64,7 @@ from urllib.parse import urlsplit
 
 from torch_hook.munge import MungeSigner
 from torch_hook.notice import Reachability
-from torch_hook.relay import NodeRelay
+from torch_hook.relay import NodeRelay, readable
 from torch_hook.retry import RETRY_STATUSES, Backoff, retry_after_s
 
 _BATCH_MAX = 64
@@ -364,7 +363,9 @@ class Sender:
         once more on the new one, never more: the daemon read nothing of it on the old one."""
         for attempt in range(2):
             conn = self._connections.get(at)
-            reused = conn is not None and conn.sock is not None and not _connection_dropped(conn)
+            # An idle kept-alive connection with something to read has been closed by the daemon (or
+            # is out of step with it): not to be used again.
+            reused = conn is not None and conn.sock is not None and not readable(conn.sock, 0)
             if not reused:
                 conn = self._connect(at)
             assert conn is not None
@@ -478,15 +479,6 @@ class Sender:
                 self.errors += 1
                 self.last_error = f"reply handler: {err!r}"
         return raw
-
-
-def _connection_dropped(conn: http.client.HTTPConnection) -> bool:
-    """An idle kept-alive connection with something to read has been closed by the daemon (or is
-    out of step with it): not to be used again.  poll, not select: a training process may hold
-    over 1,024 descriptors."""
-    poller = select.poll()
-    poller.register(conn.sock, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _reports_in(batch: list[Any]) -> int:
