@@ -737,9 +737,15 @@ class Daemon:
         then, so its history (and the analyzer's restart from it) stays.
         """
         for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
-            if all(i.state in FINAL for i in self.store.incidents(job=job)):
-                self.store.forget_job(job)
-                self._forget_in_memory(job)
+            self._forget_if_closed(job)
+
+    def _forget_if_closed(self, job: str) -> bool:
+        """An ended job whose incidents are all closed leaves the store and memory; False: one is open."""
+        if not all(i.state in FINAL for i in self.store.incidents(job=job)):
+            return False
+        self.store.forget_job(job)
+        self._forget_in_memory(job)
+        return True
 
     def _forget_what_the_leader_forgot(self) -> None:
         """A standby: the jobs the leader forgot (``_forget_ended``) leave its memory too.  It cannot
@@ -1024,9 +1030,7 @@ class Daemon:
                 return  # Slurm cannot say: the next sweep asks again
             if info is not None and (info.pending or info.running):
                 continue
-            if all(i.state in FINAL for i in self.store.incidents(job=job)):
-                self.store.forget_job(job)
-                self._forget_in_memory(job)
+            if self._forget_if_closed(job):
                 log.info("ended job forgotten", job=job, quiet_s=round(now - seen) if seen is not None else None,
                          slurm_state=info.state if info is not None else "not known to Slurm")
 
