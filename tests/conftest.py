@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import pytest
+
+from tests.cluster.procs import own_tmpdir
 
 
 @pytest.fixture(scope="session", autouse=True)
 def ranks_tmpdir():
-    """The processes the tests start (ranks under torchrun, srun and sbatch, the daemons) get a
-    ``TMPDIR`` of their own, removed when the session ends: a rank's node relay binds its socket
-    there, and the ranks a test kills by a signal leave theirs behind.  This process keeps the temp
-    directory it has (pytest's ``tmp_path`` included)."""
-    tempfile.gettempdir()  # fixed now, before TMPDIR changes
-    path = tempfile.mkdtemp(prefix="artemis-tests-")
-    os.chmod(path, 0o1777)  # like /tmp: the jobs the tests run as nobody write there too
-    prior = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = path
-    try:
+    """The processes the tests start get a ``TMPDIR`` of their own for the whole session
+    (``own_tmpdir``): the relay sockets of ranks a test kills by a signal go with it."""
+    with own_tmpdir("artemis-tests-") as path:
         yield path
-    finally:
-        if prior is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = prior
-        shutil.rmtree(path, ignore_errors=True)

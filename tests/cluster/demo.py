@@ -40,6 +40,7 @@ from typing import Any
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
 from .scenario import DAEMON_CONF, TrainingJob, wait_for
+from .procs import own_tmpdir
 from .slurm import SlurmCluster
 
 BASELINE_STEPS = 200
@@ -109,7 +110,10 @@ def run(out: Path, keep: bool) -> DemoRun:
     seen = DemoRun()
     out.mkdir(parents=True, exist_ok=True)
     say("bringing up the emulated cluster (munged, MariaDB, slurmdbd, slurmctld, 4 x slurmd)", started)
-    with SlurmCluster(nodes=4, health_interval_s=5, keep_workdir=keep) as cluster, \
+    # The job's ranks bind their node relay's socket under TMPDIR; the one the cluster gets here
+    # goes at teardown with the sockets of the ranks the requeue killed.
+    with own_tmpdir("artemis-demo-"), \
+            SlurmCluster(nodes=4, health_interval_s=5, keep_workdir=keep) as cluster, \
             Mailbox() as mailbox, ArtemisDaemon(cluster, DAEMON_CONF, mailbox) as daemon:
         say(f"cluster {cluster.name} up in {cluster.bring_up_s:.1f}s ({cluster.network} layout: "
             + ", ".join(f"{n.name}={n.address}" for n in cluster.nodes.values())

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,3 +139,24 @@ def pid_alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def own_tmpdir(prefix: str) -> Iterator[str]:
+    """Give every process started inside the block (ranks under torchrun, srun and sbatch, the
+    daemons) a ``TMPDIR`` of its own, removed when the block ends.  A rank's node relay binds its
+    socket there, and ranks killed by a signal leave theirs behind.  This process keeps the temp
+    directory it had (pytest's ``tmp_path`` included)."""
+    tempfile.gettempdir()  # fixed now, before TMPDIR changes
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(path, 0o1777)  # like /tmp: jobs that run as nobody write there too
+    prior = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = path
+    try:
+        yield path
+    finally:
+        if prior is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = prior
+        shutil.rmtree(path, ignore_errors=True)
