@@ -14,6 +14,7 @@ from functools import lru_cache
 
 RUN_SEP = "~"
 RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
+RUNS_REMEMBERED = 8  # the runs whose start a late report is matched against
 
 
 @lru_cache(maxsize=4096)  # called per report; a job has a handful of step keys (and the cache is bounded)
@@ -39,17 +40,56 @@ class JobRun:
     database, unreachable) every probe sends its backlog, one rank's seconds
     before another's, and the second rank's windows are far below the first's
     newest.
+
+    A rank's order is not enough either once the job has started again: a
+    report of the old run that arrives late (a rank's last windows, posted
+    after the requeue's first) would join the new run as that rank's newest,
+    and the rank's next window of the new run, far below it, would start a
+    third run that never happened.  So each run also remembers when it began
+    (``began``: the earliest start its windows imply, the first window's t0
+    less the windows before it), and a window that had ended by then belongs
+    to an earlier run (``run_at``).  Clocks decide only across a requeue,
+    where seconds separate the runs; within a run the order rule alone does.
     """
 
     number: int = 0
     newest: dict[int, int] = field(default_factory=dict)  # rank -> its newest window in this run
+    began: dict[int, float] = field(default_factory=dict)  # run number -> when its window 0 began
 
-    def place(self, rank: int, seq: int) -> bool:
-        """Take a report of ``rank`` for window ``seq``; True when it starts a new run."""
+    def place(self, rank: int, seq: int, t0: float | None = None, t1: float | None = None) -> bool:
+        """Take a report of ``rank`` for window ``seq`` (spanning ``t0``..``t1``, where known); True when
+        it starts a new run.  A report ``run_at`` gives an earlier run belongs there: not placed here."""
         own = self.newest.get(rank)
         if own is not None and own - seq > RESTART_GAP:
             self.number += 1
             self.newest = {rank: seq}
+            self.saw_window(self.number, seq, t0, t1)
             return True
         self.newest[rank] = seq if own is None else max(own, seq)
+        self.saw_window(self.number, seq, t0, t1)
         return False
+
+    def run_at(self, t1: float) -> int:
+        """The run a window that ended at ``t1`` belongs to: the newest one that had begun by then.  The
+        current run unless it is known to have begun after ``t1`` (a window of a run older than every
+        run remembered goes to the one before the oldest: its analysis has long closed)."""
+        if self.number == 0 or t1 > self.began.get(self.number, float("-inf")):
+            return self.number
+        for number in sorted(self.began, reverse=True):
+            if self.began[number] < t1:
+                return number
+        return max(min(self.began) - 1, 0)
+
+    def saw_window(self, number: int, seq: int, t0: float | None, t1: float | None) -> None:
+        """Run ``number`` had window ``seq`` span ``t0``..``t1``: it began no later than ``seq`` such
+        windows before ``t0``."""
+        if t0 is None or t1 is None:
+            return
+        start = t0 - seq * (t1 - t0 if t1 > t0 else 0.0)
+        known = self.began.get(number)
+        if known is None:
+            self.began[number] = start
+            while len(self.began) > RUNS_REMEMBERED:
+                del self.began[min(self.began)]
+        elif start < known:
+            self.began[number] = start

@@ -381,9 +381,10 @@ class Daemon:
         base, number = split_run(rec.step)
         known = self._runs.get((rec.job, base))
         if known is None or number > known.number:
-            known = self._set_run(rec.job, base, JobRun(number))
+            known = self._set_run(rec.job, base, JobRun(number, began=dict(known.began) if known else {}))
         if number == known.number:
             known.newest[rec.rank] = max(known.newest.get(rec.rank, rec.window.seq), rec.window.seq)
+        known.saw_window(number, rec.window.seq, rec.window.t0, rec.window.t1)
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
         bound = set(self._bound.values())
@@ -673,10 +674,14 @@ class Daemon:
         """
         base = split_run(rec.step)[0]
         run = self._runs.get((rec.job, base)) or self._set_run(rec.job, base, JobRun())
-        old_key = run_key(base, run.number)
-        if run.place(rec.rank, rec.window.seq):
-            self._restarted(rec.job, old_key, run_key(base, run.number))
-        return rec if run.number == 0 else with_step(rec, run_key(base, run.number))
+        span = rec.window
+        number = run.run_at(span.t1)
+        if number == run.number:
+            old_key = run_key(base, run.number)
+            if run.place(rec.rank, span.seq, span.t0, span.t1):
+                self._restarted(rec.job, old_key, run_key(base, run.number))
+            number = run.number
+        return rec if number == 0 else with_step(rec, run_key(base, number))
 
     def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
         if (job, base) not in self._runs:

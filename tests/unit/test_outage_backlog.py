@@ -15,11 +15,14 @@ import math
 import os
 import random
 
+import pytest
+
 from artemisd.auth import TRUSTED_LOCAL
 from artemisd.config import parse_config_text
-from artemisd.runs import RESTART_GAP, RUN_SEP, JobRun
+from artemisd.runs import RESTART_GAP, RUN_SEP, RUNS_REMEMBERED, JobRun
 from artemisd.service import Daemon
 from artemisd.slurm.cli import CliSlurm
+from artemisd.wire import WindowReport
 from tests.unit.windows import lockstep
 
 WORLD = 2
@@ -39,6 +42,37 @@ def test_a_ranks_own_order_tells_a_new_run_from_a_backlog():
         run.place(0, seq)
     assert not run.place(0, 10 - RESTART_GAP) and run.number == 1  # back by the gap: late, not a restart
     assert run.place(0, 10 - RESTART_GAP - 1) and run.number == 2  # back past it: a restart
+
+
+def test_a_late_report_of_the_run_before_a_requeue_does_not_start_a_third_run():
+    """Rank 1's last window of the first run is posted after rank 0's first window of the second: it
+    ended before the second run began, so it is the first run's, and rank 1's own windows of the second
+    run, far below it, join that run instead of starting a third."""
+    window_s = 10.0
+    run = JobRun()
+    for seq in range(12):
+        for rank in range(WORLD):
+            t0 = 1000.0 + seq * window_s
+            assert run.run_at(t0 + window_s) == 0 and not run.place(rank, seq, t0, t0 + window_s)
+    requeued = 1000.0 + 12 * window_s + 45.0  # the second run's window 0 begins 45 s after the first's end
+    assert run.run_at(requeued + window_s) == 0
+    assert run.place(0, 0, requeued, requeued + window_s) and run.number == 1
+    late_t0 = 1000.0 + 11 * window_s  # rank 1's window 11 of the first run, posted late
+    assert run.run_at(late_t0 + window_s) == 0
+    for seq in range(6):
+        t0 = requeued + seq * window_s
+        assert run.run_at(t0 + window_s) == 1
+        assert not run.place(1, seq, t0, t0 + window_s) and run.number == 1
+
+
+def test_a_run_remembers_the_start_of_a_bounded_number_of_runs():
+    run = JobRun()
+    for number in range(3 * RUNS_REMEMBERED):
+        t0 = 1000.0 + number * 1000.0
+        run.place(0, 20, t0, t0 + 10.0)
+        run.place(0, 0, t0 + 500.0, t0 + 510.0)
+    assert len(run.began) == RUNS_REMEMBERED and run.number == 3 * RUNS_REMEMBERED
+    assert run.run_at(1.0) == run.number - RUNS_REMEMBERED  # older than every run it remembers
 
 
 def daemon(state) -> Daemon:
@@ -68,6 +102,46 @@ def test_a_backlog_after_an_outage_is_analysed_as_the_same_run_without_a_false_s
         healthy = sorted(measured)[len(measured) // 2]
         assert len(measured) >= 20 and min(measured) > 0.9 * healthy, measured
         assert not d.store.incidents(job="77")
+    finally:
+        d.store.close()
+
+
+def shifted(report: WindowReport, by_s: float) -> WindowReport:
+    span = report.window
+    return report.model_copy(update={"window": span.model_copy(update={"t0": span.t0 + by_s,
+                                                                        "t1": span.t1 + by_s})})
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "daemon restarted at the requeue"])
+def test_a_requeued_jobs_late_report_of_its_first_run_is_stored_and_analysed_with_that_run(tmp_path, restarted):
+    """Through the daemon: the late report is kept under the first run's key, and the second run is
+    one run of both ranks from its window 0 (before, the late report made rank 1's window 0 a third run).
+    A daemon restarted in between knows when each run began from what it stored."""
+    rng = random.Random(7)
+    windows = [lockstep(seq, [50.0 * (1 + rng.gauss(0, 0.02)) for _ in range(WORLD)], job="78",
+                        nodes=["a", "b"]) for seq in range(16)]
+    later_s = windows[12][0].window.t1 - windows[0][0].window.t0 + 45.0  # requeued 45 s after window 11
+    d = daemon(tmp_path / "state")
+    try:
+        def send(reports):
+            result = d.accept(list(enumerate(reports)), TRUSTED_LOCAL, {}, [])
+            assert result.accepted == len(reports) and not result.rejected
+
+        for seq in range(11):
+            send(windows[seq])
+        send([windows[11][0]])
+        send([shifted(windows[0][0], later_s)])  # the requeued run's first window, rank 0
+        if restarted:
+            d.store.close()
+            d = daemon(tmp_path / "state")
+        send([windows[11][1]])  # rank 1's last window of the first run, late
+        send([shifted(windows[0][1], later_s)])
+        for seq in range(1, 6):
+            send([shifted(r, later_s) for r in windows[seq]])
+        assert d.analyzer.window_shapes("78", f"0{RUN_SEP}2") == []  # no third run
+        assert len(d.analyzer.window_shapes("78", f"0{RUN_SEP}1")) >= 4
+        stored = {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records("78")}
+        assert ("0", 1, 11) in stored and (f"0{RUN_SEP}1", 1, 0) in stored
     finally:
         d.store.close()
 
