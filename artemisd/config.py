@@ -228,6 +228,7 @@ class DaemonSettings(_Section):
     probe_max_per_hour: int = Field(default=4, ge=0, le=3600)
     probe_timeout: Seconds = 120.0
     history_windows_kept: int = Field(default=200, ge=10, le=100_000)
+    ended_job_history: Seconds = Field(default=7 * 86_400.0, ge=600.0, le=366 * 86_400.0)
     verify_windows: int = Field(default=3, ge=1, le=1000)
     verify_warmup_windows: int = Field(default=3, ge=0, le=1000)
     verify_seconds: Seconds = Field(default=5.0, le=86_400)
@@ -405,6 +406,9 @@ KEYS: dict[str, KeySpec] = {
                                    "... and must cost at least this % of the job's healthy samples/s"),
     "RecurEscalate": KeySpec("daemon", "recur_escalate",
                              "recurrences after which a device that keeps coming back goes to a person (0: never)"),
+    "EndedJobHistory": KeySpec("daemon", "ended_job_history",
+                               "how long an ended job's window history stays while one of its incidents is "
+                               "open (a person may look at it); then it goes, the incidents stay"),
     "VerifyWarmupWindows": KeySpec("daemon", "verify_warmup_windows",
                                    "first windows of a requeued job left out of verification (warm-up)"),
     "VerifySeconds": KeySpec("daemon", "verify_seconds", "wall time the windows that verify an action must last"),

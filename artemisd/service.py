@@ -143,6 +143,9 @@ class Daemon:
         self._marked_at = -math.inf  # time.monotonic() of this instance's last write of it
         self._quiet_swept = -math.inf  # self.clock() of the last _forget_quiet_ended
         self._quiet_last_asked = ""  # the job that sweep asked Slurm about last: the next starts after it
+        # Jobs Slurm said had ended while one of their incidents was open: job -> (its last-seen time
+        # then, when its EndedJobHistory runs from).  Not asked again while their last-seen holds.
+        self._ended_open: dict[str, tuple[float | None, float]] = {}
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.restore()
@@ -773,6 +776,7 @@ class Daemon:
                         self._job_info):
             per_job.pop(job, None)
         self._rebalance_opt_in.discard(job)
+        self._ended_open.pop(job, None)
 
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept
@@ -1027,6 +1031,13 @@ class Daemon:
             seen = self.store.job_last_seen(job)
             if seen is not None and now - seen < QUIET_S:
                 continue
+            ended = self._ended_open.get(job)
+            if ended is not None and ended[0] == seen:
+                # Slurm said it ended, and an incident of it was open: not asked again.  Its history
+                # stays for a person to look at, EndedJobHistory from its last word, then goes.
+                if now - ended[1] >= self.config.daemon.ended_job_history:
+                    self._release_history(job, now - ended[1])
+                continue
             asked += 1
             self._quiet_last_asked = job
             try:
@@ -1038,6 +1049,20 @@ class Daemon:
             if self._forget_if_closed(job):
                 log.info("ended job forgotten", job=job, quiet_s=round(now - seen) if seen is not None else None,
                          slurm_state=info.state if info is not None else "not known to Slurm")
+            else:
+                self._ended_open[job] = (seen, seen if seen is not None else now)
+
+    def _release_history(self, job: str, quiet_s: float) -> None:
+        """An ended job whose incidents stayed open (held, escalated, unresolved: waiting for a
+        person) lets its window history go after ``EndedJobHistory``, as a closed one does at once:
+        else every such job's history would stay in the store, in memory and in each restore for
+        ever.  Its incidents stay, with their numbers and evidence; only the windows behind their
+        plots go."""
+        still_open = [i.id for i in self.store.incidents(job=job) if i.state not in FINAL]
+        self.store.forget_job(job)
+        self._forget_in_memory(job)
+        log.info("ended job's window history released; its open incidents stay", job=job,
+                 quiet_s=round(quiet_s), incidents=still_open)
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {s.value: 0 for s in S}

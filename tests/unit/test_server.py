@@ -494,6 +494,44 @@ def test_a_job_whose_end_never_came_is_forgotten_once_slurm_says_it_ended(tmp_pa
     run(scenario)
 
 
+def test_an_ended_jobs_history_stays_while_its_incident_waits_for_a_person_then_goes(tmp_path):
+    """Its incident escalated, the job ends: its windows stay for a person to look at, Slurm is asked
+    about it once, and after EndedJobHistory the windows leave the store and memory; the incident
+    stays, with its numbers and evidence."""
+    from dataclasses import replace
+
+    from artemisd.service import QUIET_S, QUIET_SWEEP_S
+
+    async def scenario():
+        slurm = cluster()
+        async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\nEndedJobHistory=1d\n", slurm,
+                           Clock()) as h:
+            await hot_gpu_confirmed(h, range(8, 11), evidence=False)
+            [before] = await h.incidents()
+            assert before["state"] not in ("resolved", "dismissed")
+            slurm.jobs["100"] = replace(slurm.jobs["100"], state="COMPLETED")
+
+            def asked() -> int:
+                return sum(1 for c in slurm.calls if c == ("job", "100"))
+
+            h.clock.now += QUIET_S + QUIET_SWEEP_S
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == {"100"} and h.daemon.store.window_records("100")
+            asked_once = asked()
+            for _ in range(3):
+                h.clock.now += QUIET_SWEEP_S
+                await h.daemon.run_once()
+            assert asked() == asked_once  # it ended: not asked again each sweep
+            assert h.daemon.analyzer.jobs() == {"100"}  # ... and its history is kept meanwhile
+            h.clock.now += 86_400
+            await h.daemon.run_once()
+            assert h.daemon.analyzer.jobs() == set() and h.daemon.store.window_records("100") == []
+            assert not [job for job, _ in h.daemon._runs if job == "100"]
+            [after] = await h.incidents()
+            assert after == before
+    run(scenario)
+
+
 def test_the_quiet_jobs_sweep_stops_at_its_time_budget_and_goes_on_in_turn(tmp_path, monkeypatch):
     """A slow slurmctld must not hold the leader's turn: a sweep stops asking once its budget is
     spent (here at once: one job a sweep), and the next goes on from the job after the last asked."""
