@@ -15,6 +15,7 @@ from functools import lru_cache
 RUN_SEP = "~"
 RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
 RUNS_REMEMBERED = 8  # the runs whose start a late report is matched against
+_NEVER, _LATEST = float("-inf"), float("inf")
 
 
 @lru_cache(maxsize=4096)  # called per report; a job has a handful of step keys (and the cache is bounded)
@@ -56,24 +57,29 @@ class JobRun:
     newest: dict[int, int] = field(default_factory=dict)  # rank -> its newest window in this run
     began: dict[int, float] = field(default_factory=dict)  # run number -> when its window 0 began
 
-    def place(self, rank: int, seq: int, t0: float | None = None, t1: float | None = None) -> bool:
-        """Take a report of ``rank`` for window ``seq`` (spanning ``t0``..``t1``, where known); True when
-        it starts a new run.  A report ``run_at`` gives an earlier run belongs there: not placed here."""
+    def take(self, rank: int, seq: int, t0: float | None = None, t1: float | None = None) -> tuple[int, bool]:
+        """A report of ``rank`` for window ``seq`` (spanning ``t0``..``t1``, where known): the run it
+        belongs to, and whether it starts a new one.  One call per report, on the ingest path."""
+        number = self.number
+        if number and t1 is not None and t1 <= self.began.get(number, _NEVER):
+            return self.run_at(t1), False  # an earlier run's, late: this run's order is not touched
         own = self.newest.get(rank)
         if own is not None and own - seq > RESTART_GAP:
-            self.number += 1
+            self.number = number = number + 1
             self.newest = {rank: seq}
-            self.saw_window(self.number, seq, t0, t1)
-            return True
-        self.newest[rank] = seq if own is None else max(own, seq)
-        self.saw_window(self.number, seq, t0, t1)
-        return False
+            self.saw_window(number, seq, t0, t1)
+            return number, True
+        if own is None or seq > own:
+            self.newest[rank] = seq
+        if t0 is not None and t1 is not None and t0 - seq * (t1 - t0) < self.began.get(number, _LATEST):
+            self.saw_window(number, seq, t0, t1)
+        return number, False
 
     def run_at(self, t1: float) -> int:
         """The run a window that ended at ``t1`` belongs to: the newest one that had begun by then.  The
         current run unless it is known to have begun after ``t1`` (a window of a run older than every
         run remembered goes to the one before the oldest: its analysis has long closed)."""
-        if self.number == 0 or t1 > self.began.get(self.number, float("-inf")):
+        if self.number == 0 or t1 > self.began.get(self.number, _NEVER):
             return self.number
         for number in sorted(self.began, reverse=True):
             if self.began[number] < t1:

@@ -678,12 +678,9 @@ class Daemon:
         base = split_run(rec.step)[0]
         run = self._runs.get((rec.job, base)) or self._set_run(rec.job, base, JobRun())
         span = rec.window
-        number = run.run_at(span.t1)
-        if number == run.number:
-            old_key = run_key(base, run.number)
-            if run.place(rec.rank, span.seq, span.t0, span.t1):
-                self._restarted(rec.job, old_key, run_key(base, run.number))
-            number = run.number
+        number, started = run.take(rec.rank, span.seq, span.t0, span.t1)
+        if started:
+            self._restarted(rec.job, run_key(base, number - 1), run_key(base, number))
         return rec if number == 0 else with_step(rec, run_key(base, number))
 
     def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:

@@ -31,17 +31,17 @@ WORLD = 2
 def test_a_ranks_own_order_tells_a_new_run_from_a_backlog():
     run = JobRun()
     for seq in range(12):
-        assert not any(run.place(rank, seq) for rank in range(WORLD))
-    assert not any(run.place(0, seq) for seq in range(12, 32))  # rank 0's backlog
-    assert not any(run.place(1, seq) for seq in range(12, 32))  # rank 1's, 19 windows below rank 0's newest
-    assert not run.place(1, 31)  # a batch sent again (stored, the answer lost): the same run
+        assert not any(run.take(rank, seq)[1] for rank in range(WORLD))
+    assert not any(run.take(0, seq)[1] for seq in range(12, 32))  # rank 0's backlog
+    assert not any(run.take(1, seq)[1] for seq in range(12, 32))  # rank 1's, 19 windows below rank 0's newest
+    assert not run.take(1, 31)[1]  # a batch sent again (stored, the answer lost): the same run
     assert run.number == 0
-    assert run.place(1, 0) and run.number == 1  # requeued: rank 1 starts again from window 0
-    assert not run.place(0, 0) and not run.place(0, 1) and run.number == 1  # its peers join that run
+    assert run.take(1, 0)[1] and run.number == 1  # requeued: rank 1 starts again from window 0
+    assert not run.take(0, 0)[1] and not run.take(0, 1)[1] and run.number == 1  # its peers join that run
     for seq in range(2, 11):
-        run.place(0, seq)
-    assert not run.place(0, 10 - RESTART_GAP) and run.number == 1  # back by the gap: late, not a restart
-    assert run.place(0, 10 - RESTART_GAP - 1) and run.number == 2  # back past it: a restart
+        run.take(0, seq)
+    assert not run.take(0, 10 - RESTART_GAP)[1] and run.number == 1  # back by the gap: late, not a restart
+    assert run.take(0, 10 - RESTART_GAP - 1)[1] and run.number == 2  # back past it: a restart
 
 
 def test_a_late_report_of_the_run_before_a_requeue_does_not_start_a_third_run():
@@ -53,24 +53,22 @@ def test_a_late_report_of_the_run_before_a_requeue_does_not_start_a_third_run():
     for seq in range(12):
         for rank in range(WORLD):
             t0 = 1000.0 + seq * window_s
-            assert run.run_at(t0 + window_s) == 0 and not run.place(rank, seq, t0, t0 + window_s)
+            assert run.take(rank, seq, t0, t0 + window_s) == (0, False)
     requeued = 1000.0 + 12 * window_s + 45.0  # the second run's window 0 begins 45 s after the first's end
-    assert run.run_at(requeued + window_s) == 0
-    assert run.place(0, 0, requeued, requeued + window_s) and run.number == 1
+    assert run.take(0, 0, requeued, requeued + window_s) == (1, True)
     late_t0 = 1000.0 + 11 * window_s  # rank 1's window 11 of the first run, posted late
-    assert run.run_at(late_t0 + window_s) == 0
+    assert run.take(1, 11, late_t0, late_t0 + window_s) == (0, False)
     for seq in range(6):
         t0 = requeued + seq * window_s
-        assert run.run_at(t0 + window_s) == 1
-        assert not run.place(1, seq, t0, t0 + window_s) and run.number == 1
+        assert run.take(1, seq, t0, t0 + window_s) == (1, False)
 
 
 def test_a_run_remembers_the_start_of_a_bounded_number_of_runs():
     run = JobRun()
     for number in range(3 * RUNS_REMEMBERED):
         t0 = 1000.0 + number * 1000.0
-        run.place(0, 20, t0, t0 + 10.0)
-        run.place(0, 0, t0 + 500.0, t0 + 510.0)
+        run.take(0, 20, t0, t0 + 10.0)
+        run.take(0, 0, t0 + 500.0, t0 + 510.0)
     assert len(run.began) == RUNS_REMEMBERED and run.number == 3 * RUNS_REMEMBERED
     assert run.run_at(1.0) == run.number - RUNS_REMEMBERED  # older than every run it remembers
 
