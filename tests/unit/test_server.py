@@ -371,6 +371,37 @@ def test_rebalance_directive_and_rollback_when_it_does_not_help(tmp_path):
     run(scenario)
 
 
+def test_a_job_steps_directives_are_read_once_a_second_and_this_instances_own_at_once(tmp_path):
+    """Each reply carries its step's directives; the store is read for them at most once per
+    DIRECTIVES_FRESH_S per step (a node's ranks post within moments), except that a directive this
+    instance writes is in its very next reply.  One another instance wrote arrives once that second
+    has passed."""
+    from artemisd.service import DIRECTIVES_FRESH_S
+
+    async def scenario():
+        async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\n", cluster(), Clock()) as h:
+            reads = []
+            read = h.daemon.store.directives_for
+            h.daemon.store.directives_for = lambda *a: reads.append(a) or read(*a)
+            window = lockstep(0, HEALTHY, nodes=NODES)
+            replies = [await h.post(window[rank:rank + 1]) for rank in range(WORLD)]
+            assert len(reads) == 1 and all(r["directives"] == [] for r in replies)
+
+            body = {"type": "probe", "id": "PRB-x", "job": "100", "step": "0"}
+            h.daemon.store.add_directive("PRB-x", "probe", "100", "0", None, body, h.clock.now, h.clock.now + 120)
+            assert (await h.post(window[:1]))["directives"] == []  # another instance's, within the second
+            h.clock.now += DIRECTIVES_FRESH_S
+            assert (await h.post(window[:1]))["directives"] == [body]
+
+            mine = {"type": "probe", "id": "PRB-y", "job": "100", "step": "0"}
+            h.daemon._add_directive("PRB-y", "probe", "100", "0", None, mine, h.clock.now, h.clock.now + 120)
+            assert (await h.post(window[:1]))["directives"] == [body, mine]
+            assert len(reads) == 3
+            h.clock.now += 121  # both expired: a clock past the read's second reads again
+            assert (await h.post(window[:1]))["directives"] == []
+    run(scenario)
+
+
 def test_probe_directive_rate_limited_and_cost_recorded(tmp_path):
     async def scenario():
         conf = "ProbeMinInterval=1h\nPartitionPolicy=gpu Auto=escalate\n"
