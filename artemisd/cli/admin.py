@@ -230,7 +230,9 @@ def plot_timeline(data: dict[str, Any], path: str, audit: list[dict[str, Any]] |
     inc = data["incident"]
     jobs = job_windows(data["windows"])
     if not jobs:
-        raise ClientError(f"{inc['id']}: no timed windows stored for job {inc['job']}")
+        raise ClientError(f"{inc['id']}: no timed windows stored for job {inc['job']} (an ended job's windows "
+                          "go once its incidents are closed, or EndedJobHistory after it ended while one "
+                          "was open)")
     origin = jobs[0]["t0"]
     subject = inc.get("rank")
     fig, (ax_tp, ax_busy, ax_wait) = plt.subplots(3, 1, sharex=True, figsize=(10, 8),

@@ -531,6 +531,7 @@ def test_an_ended_jobs_history_stays_while_its_incident_waits_for_a_person_then_
     stays, with its numbers and evidence."""
     from dataclasses import replace
 
+    from artemisd.cli.admin import ClientError, plot_timeline
     from artemisd.service import QUIET_S, QUIET_SWEEP_S
 
     async def scenario():
@@ -560,6 +561,10 @@ def test_an_ended_jobs_history_stays_while_its_incident_waits_for_a_person_then_
             assert not [job for job, _ in h.daemon._runs if job == "100"]
             [after] = await h.incidents()
             assert after == before
+            windows = await (await h.client.get(f"/v1/incidents/{after['id']}/windows")).json()
+            assert windows["windows"] == []
+            with pytest.raises(ClientError, match="EndedJobHistory"):  # what `artemis show --plot` says
+                plot_timeline(windows, str(tmp_path / "plot.png"))
     run(scenario)
 
 
