@@ -15,7 +15,7 @@ from functools import lru_cache
 RUN_SEP = "~"
 RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
 RUNS_REMEMBERED = 8  # the runs whose start a late report is matched against
-_NEVER, _LATEST = float("-inf"), float("inf")
+_NEVER = float("-inf")
 
 
 @lru_cache(maxsize=4096)  # called per report; a job has a handful of step keys (and the cache is bounded)
@@ -64,16 +64,14 @@ class JobRun:
         if number and t1 is not None and t1 <= self.began.get(number, _NEVER):
             return self.run_at(t1), False  # an earlier run's, late: this run's order is not touched
         own = self.newest.get(rank)
-        if own is not None and own - seq > RESTART_GAP:
+        started = own is not None and own - seq > RESTART_GAP
+        if started:
             self.number = number = number + 1
             self.newest = {rank: seq}
-            self.saw_window(number, seq, t0, t1)
-            return number, True
-        if own is None or seq > own:
+        elif own is None or seq > own:
             self.newest[rank] = seq
-        if t0 is not None and t1 is not None and t0 - seq * (t1 - t0) < self.began.get(number, _LATEST):
-            self.saw_window(number, seq, t0, t1)
-        return number, False
+        self.saw_window(number, seq, t0, t1)
+        return number, started
 
     def run_at(self, t1: float) -> int:
         """The run a window that ended at ``t1`` belongs to: the newest one that had begun by then.  The

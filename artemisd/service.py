@@ -390,8 +390,10 @@ class Daemon:
         """A stored report (its step key names its run) brings the job step's run up to date."""
         base, number = split_run(rec.step)
         known = self._runs.get((rec.job, base))
-        if known is None or number > known.number:
-            known = self._set_run(rec.job, base, JobRun(number, began=dict(known.began) if known else {}))
+        if known is None:
+            known = self._set_run(rec.job, base, JobRun(number))
+        elif number > known.number:
+            known.number, known.newest = number, {}  # as a restart does: the runs' starts stay
         if number == known.number:
             known.newest[rec.rank] = max(known.newest.get(rec.rank, rec.window.seq), rec.window.seq)
         known.saw_window(number, rec.window.seq, rec.window.t0, rec.window.t1)
@@ -775,9 +777,13 @@ class Daemon:
         """An ended job whose incidents are all closed leaves the store and memory; False: one is open."""
         if not all(i.state in FINAL for i in self.store.incidents(job=job)):
             return False
+        self._forget_job(job)
+        return True
+
+    def _forget_job(self, job: str) -> None:
+        """An ended job leaves the store and this instance's memory (a standby's, once the mark moves)."""
         self.store.forget_job(job)
         self._forget_in_memory(job)
-        return True
 
     def _forget_what_the_leader_forgot(self) -> None:
         """A standby: the jobs the leader forgot (``_forget_ended``) leave its memory too.  It cannot
@@ -1085,8 +1091,7 @@ class Daemon:
         ever.  Its incidents stay, with their numbers and evidence; only the windows behind their
         plots go."""
         still_open = [i.id for i in self.store.incidents(job=job) if i.state not in FINAL]
-        self.store.forget_job(job)
-        self._forget_in_memory(job)
+        self._forget_job(job)
         log.info("ended job's window history released; its open incidents stay", job=job,
                  quiet_s=round(quiet_s), incidents=still_open)
 
