@@ -78,22 +78,27 @@ def daemon(state) -> Daemon:
     return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))
 
 
-def test_a_backlog_after_an_outage_is_analysed_as_the_same_run_without_a_false_slowdown(tmp_path):
+def healthy_windows(job: str, count: int) -> list[list[WindowReport]]:
     rng = random.Random(7)
-    windows = [lockstep(seq, [50.0 * (1 + rng.gauss(0, 0.02)) for _ in range(WORLD)], job="77",
-                        nodes=["a", "b"]) for seq in range(44)]
+    return [lockstep(seq, [50.0 * (1 + rng.gauss(0, 0.02)) for _ in range(WORLD)], job=job, nodes=["a", "b"])
+            for seq in range(count)]
+
+
+def send(d: Daemon, reports: list[WindowReport]) -> None:
+    result = d.accept(list(enumerate(reports)), TRUSTED_LOCAL, {}, [])
+    assert result.accepted == len(reports) and not result.rejected
+
+
+def test_a_backlog_after_an_outage_is_analysed_as_the_same_run_without_a_false_slowdown(tmp_path):
+    windows = healthy_windows("77", 44)
     d = daemon(tmp_path / "state")
     try:
-        def send(reports):
-            result = d.accept(list(enumerate(reports)), TRUSTED_LOCAL, {}, [])
-            assert result.accepted == len(reports) and not result.rejected
-
         for seq in range(12):
-            send(windows[seq])
+            send(d, windows[seq])
         for rank in range(WORLD):  # the outage's backlog, rank after rank
-            send([windows[seq][rank] for seq in range(12, 32)])
+            send(d, [windows[seq][rank] for seq in range(12, 32)])
         for seq in range(32, 44):
-            send(windows[seq])
+            send(d, windows[seq])
         assert d.analyzer.window_shapes("77", f"0{RUN_SEP}1") == []  # no new run was made up
         series = d.analyzer.throughput("77", "0")
         measured = [t for _, t in series if math.isfinite(t)]
@@ -115,27 +120,21 @@ def test_a_requeued_jobs_late_report_of_its_first_run_is_stored_and_analysed_wit
     """Through the daemon: the late report is kept under the first run's key, and the second run is
     one run of both ranks from its window 0 (before, the late report made rank 1's window 0 a third run).
     A daemon restarted in between knows when each run began from what it stored."""
-    rng = random.Random(7)
-    windows = [lockstep(seq, [50.0 * (1 + rng.gauss(0, 0.02)) for _ in range(WORLD)], job="78",
-                        nodes=["a", "b"]) for seq in range(16)]
+    windows = healthy_windows("78", 16)
     later_s = windows[12][0].window.t1 - windows[0][0].window.t0 + 45.0  # requeued 45 s after window 11
     d = daemon(tmp_path / "state")
     try:
-        def send(reports):
-            result = d.accept(list(enumerate(reports)), TRUSTED_LOCAL, {}, [])
-            assert result.accepted == len(reports) and not result.rejected
-
         for seq in range(11):
-            send(windows[seq])
-        send([windows[11][0]])
-        send([shifted(windows[0][0], later_s)])  # the requeued run's first window, rank 0
+            send(d, windows[seq])
+        send(d, [windows[11][0]])
+        send(d, [shifted(windows[0][0], later_s)])  # the requeued run's first window, rank 0
         if restarted:
             d.store.close()
             d = daemon(tmp_path / "state")
-        send([windows[11][1]])  # rank 1's last window of the first run, late
-        send([shifted(windows[0][1], later_s)])
+        send(d, [windows[11][1]])  # rank 1's last window of the first run, late
+        send(d, [shifted(windows[0][1], later_s)])
         for seq in range(1, 6):
-            send([shifted(r, later_s) for r in windows[seq]])
+            send(d, [shifted(r, later_s) for r in windows[seq]])
         assert d.analyzer.window_shapes("78", f"0{RUN_SEP}2") == []  # no third run
         assert len(d.analyzer.window_shapes("78", f"0{RUN_SEP}1")) >= 4
         stored = {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records("78")}
