@@ -154,13 +154,33 @@ _INCIDENT_ORDER = ("ORDER BY created, COALESCE(CASE WHEN position('-' in id) > 0
                    "'0')::numeric")
 
 _RECORD_COLS = 'seq, job, "window", node, received, uid, root, body'
-# One row (a request's reports of one job and window: what nearly every
-# request stores) in one statement, its own transaction in autocommit: the
-# lock, then the seq, the row and its job.  The general path below takes
+# The rows of a request, or of the requests stored together (``GroupCommit``),
+# in one statement, its own transaction in autocommit: the lock, then the
+# seqs, the rows and their jobs.  A transaction of its own statements took
 # seven round trips (BEGIN, lock, seqs, COPY, jobs, COMMIT), ~0.7 ms of the
-# daemon's CPU per request on the 2-core machine, a third of all it spends on
-# a one-report POST (docs/benchmarks.md).  nextval runs in the row of a scan of
-# the lock's result, so after the lock is held, as in the general path.
+# daemon's CPU per request on the 2-core machine, a third of all it spent on
+# a one-report POST (docs/benchmarks.md).  nextval runs in the rows of a scan
+# of the lock's result, so after the lock is held; the seqs drawn are sorted
+# and given to the rows in their order, so they grow in the rows' order (what
+# records() replays by) whatever order nextval ran in.  A job named by several
+# rows is upserted once (ON CONFLICT may not touch a row twice).  The arrays
+# go in binary: in text, every quote of a JSON body would be escaped in Python.
+_ADD_RECORDS = (
+    "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
+    "seqs AS MATERIALIZED (SELECT row_number() OVER (ORDER BY seq) AS n, seq FROM "
+    "(SELECT nextval(pg_get_serial_sequence('records', 'seq')) AS seq FROM lock, generate_series(1, %s)) drawn), "
+    "new AS (INSERT INTO records(" + _RECORD_COLS + ", items) "
+    'SELECT seqs.seq, r.job, r."window", r.node, r.received, r.uid, r.root, r.body, r.items '
+    "FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::double precision[], %b::bigint[], %b::integer[], "
+    '%b::text[], %b::integer[]) WITH ORDINALITY AS r(job, "window", node, received, uid, root, body, items, n) '
+    'JOIN seqs USING (n) RETURNING seq, job, received, "window"), '
+    "seen AS (INSERT INTO jobs(job, first_seen, last_seen, last_window) "
+    'SELECT job, MAX(received), MAX(received), MAX("window") FROM new WHERE job IS NOT NULL GROUP BY job '
+    "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
+    "last_window = COALESCE(excluded.last_window, jobs.last_window)) "
+    "SELECT seq FROM new ORDER BY seq")
+# The same for one row (a request alone, as nearly every request is where the
+# daemon is not loaded): half PostgreSQL's CPU of the general statement.
 _ADD_ONE_RECORD = (
     "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
     "new AS (INSERT INTO records(" + _RECORD_COLS + ", items) "
@@ -295,41 +315,21 @@ class PostgresStore:
 
     def add_records(self, rows: list[tuple[str | None, int | None, str | None, float, int | None, bool, str]]
                     ) -> list[int]:
-        seen: dict[str, tuple[float, int | None]] = {}
-        for job, window, _, received, *_ in rows:
-            if job is not None:
-                top = seen.get(job, (received, None))[1]
-                seen[job] = (received, window if top is None or (window is not None and window > top) else top)
         if not rows:
             return []
+        # Any instance stores records and the leader reads those it did not
+        # store by "seq above the last it read": a row may never commit after a
+        # higher seq is visible.  Drawing seqs and committing under one lock
+        # makes commit order seq order (a writer waits the length of another's
+        # insert, not of its request).
         if len(rows) == 1:
             job, window, node, received, uid, root, body, items = with_items(rows[0])
             (seq,) = self._one(_ADD_ONE_RECORD, (_RECORDS_LOCK, job, window, node, received, uid, int(root), body,
                                                  items))
             return [seq]
-        with self._tx():
-            # Any instance stores records and the leader reads those it did not
-            # store by "seq above the last it read": a row may never commit
-            # after a higher seq is visible.  Drawing seqs and committing under
-            # one lock makes commit order seq order (a writer waits the length
-            # of another's insert, not of its request).
-            self.db.execute("SELECT pg_advisory_xact_lock(%s)", (_RECORDS_LOCK,))
-            # The seqs are drawn first and sorted, so they grow in the rows' order
-            # (what records() replays by) whatever order nextval ran in; COPY then
-            # writes the batch in one round trip.
-            seqs = sorted(s for (s,) in self._all(
-                "SELECT nextval(pg_get_serial_sequence('records', 'seq')) FROM generate_series(1, %s)",
-                (len(rows),)))
-            with self.db.cursor() as cur, cur.copy(f"COPY records({_RECORD_COLS}, items) FROM STDIN") as copy:
-                for seq, (job, window, node, received, uid, root, body, items) in zip(seqs, map(with_items, rows)):
-                    copy.write_row((seq, job, window, node, received, uid, int(root), body, items))
-            with self.db.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-                    "last_window = COALESCE(excluded.last_window, jobs.last_window)",
-                    [(job, t, t, w) for job, (t, w) in seen.items()])
-        return seqs
+        columns = list(zip(*map(with_items, rows)))
+        columns[5] = [int(root) for root in columns[5]]
+        return [seq for (seq,) in self._all(_ADD_RECORDS, (_RECORDS_LOCK, len(rows), *map(list, columns)))]
 
     def quarantine(self, seqs: Iterable[tuple[int, str]], now: float | None = None) -> int:
         now = time.time() if now is None else now

@@ -165,7 +165,7 @@ def test_rows_commit_in_seq_order_across_instances(backend, held_rows):
     the last it read": a row committed after a higher seq is visible would never be read.
     Here one instance's insert is held for a second (a trigger) while another stores a row;
     the second row's seq comes after the first's, and it is not stored before the first.
-    One row and several take different paths (one statement; a transaction)."""
+    One row and several take different statements (the one-row one; the general one)."""
     if backend.name == "sqlite":
         pytest.skip("SQLite has one writer at a time by its own lock")
     slow, fast, reader = backend.open(), backend.open(), backend.open()
