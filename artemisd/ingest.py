@@ -67,6 +67,24 @@ class IngestResult:
         return {"accepted": self.accepted, "rejected": self.rejected, "directives": self.directives}
 
 
+@dataclass
+class Submission:
+    """One request's validated records on their way to the store (``Daemon.accept_many``).
+
+    ``jobs``: what Slurm says of a user's jobs (``Daemon.check_jobs``);
+    ``rejected``: the request's items already refused by validation;
+    ``body``: the request body where ``fast_records`` took it whole;
+    ``size``: the request body's bytes, what its rows will roughly take.
+    """
+
+    records: list[tuple[int, Any]]
+    principal: Principal
+    jobs: dict[str, JobInfo | None | SlurmError] = field(default_factory=dict)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    body: bytes | None = None
+    size: int = 0
+
+
 def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
     """A JSON array or JSON Lines -> [(index, value or None, error)]; a bad item is an error of its own.
 

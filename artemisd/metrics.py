@@ -21,6 +21,9 @@ class Metrics:
         self.rejected = self.reports.labels("rejected")
         self.ingest_seconds = Histogram("artemis_ingest_seconds", "Time to ingest one POST /v1/reports",
                                         registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5))
+        self.ingest_group = Histogram("artemis_ingest_group_requests",
+                                      "POST /v1/reports requests stored together in one transaction",
+                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.incidents = Gauge("artemis_incidents", "Incidents by state", ["state"], registry=r)
         self.leader = Gauge("artemis_leader", "1 while this instance holds the leader lease (decides and acts), "
                             "0 while it is a standby", registry=r)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import gc
 import json
@@ -47,7 +48,7 @@ from artemisd.auth import AuthError, MungeAuth, NoAuth, Principal
 from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
 from artemisd.runs import split_run
-from artemisd.ingest import IngestError, decode_body, fast_records
+from artemisd.ingest import MAX_ITEMS_PER_REQUEST, IngestError, IngestResult, Submission, decode_body, fast_records
 from artemisd.service import Daemon
 from artemisd.store import StoreUnavailable
 from artemisd.slurm import make_backend
@@ -57,6 +58,7 @@ from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate,
 TICK_S = 1.0
 WINDOW_REPORTS_SHOWN = 50_000  # GET /v1/incidents/{id}/windows: the newest reports of the job, at most
 STORE_RETRY_S = 5  # Retry-After while the state database is unreachable
+GROUP_BYTES = 64 << 20  # the request bodies stored in one statement together (GroupCommit), at most
 # After answering a request whose body it did not read (401, 413), aiohttp
 # reads and discards the rest this long before closing, so the client gets
 # the answer instead of a connection reset; discarded bytes cost no memory.
@@ -149,6 +151,76 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
         yield principal, body
 
 
+class GroupCommit:
+    """The requests whose records are ready in one turn of the event loop, stored in one transaction.
+
+    Each request's records wait here (``accept``) until the loop has run every
+    other handler that was ready with it, then go to ``Daemon.accept_many``
+    together: one database statement for all of them instead of one each (the
+    request, not the report, is what costs at scale: docs/benchmarks.md
+    "Scale").  A request alone waits one turn of the loop, nothing more: the
+    groups grow only where requests arrive together, i.e. under load.  A group
+    holds at most ``max_records`` records and ``max_bytes`` of bodies (the rest
+    are the next group's; one request alone may exceed them, as it may today),
+    so one flush stays as bounded as one request, and one statement's arrays
+    far below PostgreSQL's 1 GB a value.  A request whose handler was
+    cancelled before its group ran (the client went away) is not stored: it
+    got no answer, and its sender sends it again.
+    """
+
+    def __init__(self, daemon: Daemon, max_records: int = MAX_ITEMS_PER_REQUEST, max_bytes: int = GROUP_BYTES):
+        self.daemon = daemon
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._waiting: collections.deque[tuple[Submission, asyncio.Future[IngestResult]]] = collections.deque()
+        self._scheduled = False
+
+    async def accept(self, submission: Submission) -> IngestResult:
+        """``submission``'s result once its group is stored; raises ``StoreUnavailable`` for a retry."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[IngestResult] = loop.create_future()
+        self._waiting.append((submission, done))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await done
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        group: list[tuple[Submission, asyncio.Future[IngestResult]]] = []
+        records = size = 0
+        while self._waiting:
+            submission, done = self._waiting[0]
+            if group and (records + len(submission.records) > self.max_records
+                          or size + submission.size > self.max_bytes):
+                break
+            self._waiting.popleft()
+            if not done.done():  # cancelled: never stored, never answered
+                group.append((submission, done))
+                records += len(submission.records)
+                size += submission.size
+        if self._waiting:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        if not group:
+            return
+        try:
+            outcomes = self.daemon.accept_many([submission for submission, _ in group])
+        except Exception as err:  # noqa: BLE001 - each request answers it as it would have alone (500)
+            outcomes = [err for _ in group]
+        self.daemon.metrics.ingest_group.observe(len(group))
+        for (_, done), outcome in zip(group, outcomes):
+            if done.done():
+                continue
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+
+GROUPS: web.AppKey[GroupCommit] = web.AppKey("groups", GroupCommit)
+
+
 async def post_reports(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     started = time.perf_counter()
@@ -165,7 +237,8 @@ async def post_reports(request: web.Request) -> web.Response:
             records, rejected = daemon.validate(items)
         try:
             jobs = await daemon.check_jobs(principal, records)
-            result = daemon.accept(records, principal, jobs, rejected, fast_body)
+            result = await request.app[GROUPS].accept(Submission(records, principal, jobs, rejected, fast_body,
+                                                                   len(body)))
         except StoreUnavailable as err:
             log.warning("reports refused for a retry", error=str(err))
             return web.json_response({"error": str(err)}, status=503, headers={"Retry-After": str(STORE_RETRY_S)})
@@ -320,6 +393,7 @@ def make_app(daemon: Daemon, auth: MungeAuth | NoAuth) -> web.Application:
     app[DAEMON] = daemon
     app[AUTH] = auth
     app[BODIES] = BodyBudget(settings.max_body_memory)
+    app[GROUPS] = GroupCommit(daemon)
     app[GATE] = ConnectionGate(settings.max_connections, daemon.metrics)
     app.router.add_post("/v1/reports", post_reports)
     app.router.add_get("/v1/incidents", get_incidents)

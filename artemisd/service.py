@@ -490,46 +490,53 @@ class Daemon:
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                jobs: dict[str, JobInfo | None | SlurmError] | None = None,
                rejected: list[dict[str, Any]] | None = None, body: bytes | None = None) -> IngestResult:
-        """Store validated records, and analyse them if this instance leads.
+        """Store validated records, and analyse them if this instance leads: one request's
+        ``accept_many``.  Raises ``StoreUnavailable`` where nothing could be stored (a retry)."""
+        (out,) = self.accept_many([ingest.Submission(records, principal, jobs or {}, list(rejected or []), body)])
+        if isinstance(out, StoreUnavailable):
+            raise out
+        return out
+
+    def accept_many(self, submissions: list[ingest.Submission]) -> list[IngestResult | StoreUnavailable]:
+        """Several requests' validated records stored in one transaction (group commit), then analysed
+        if this instance leads: each request's result, or ``StoreUnavailable`` for all of them where the
+        database could not be reached (nothing of any was stored; their senders retry).
 
         A standby stores them only: the leader analyses them on its next turn
         (``follow``), so a job's incidents are opened by one analysis.
 
-        ``body``: the request body, where ``ingest.fast_records`` took it whole
-        (so it is a JSON array of exactly these records, each item the record
-        and nothing else).  Its window reports are stored as *batch rows*: the
+        A submission's ``body``, where ``ingest.fast_records`` took it whole (so
+        it is a JSON array of exactly these records, each item the record and
+        nothing else): its window reports are stored as *batch rows*, the
         reports of one job and window as the sender wrote them, one row for all
         of them (the body itself where it is one such batch, no encoding or
         splitting pass); a record re-keyed to a new run is encoded again.
 
         Each record is stored, then analysed, under a last-resort guard: an
-        unforeseen failure refuses that record alone (its reason in the reply,
-        logged once per kind), and one that fails analysis is quarantined so a
-        restart never replays it.
+        unforeseen failure refuses that record alone (its reason in its
+        request's reply, logged once per kind), and one that fails analysis is
+        quarantined so a restart never replays it.  A row the transaction
+        cannot take is stored alone, so only its own records are refused.
 
         A user's record is rejected on its own unless Slurm (``jobs``, from
         ``check_jobs``) says the sender owns its job, its node is in the job's
         allocation and its world fits the job's size.
         """
         now = self.clock()
-        result = IngestResult(rejected=list(rejected or []))
-        kept: list[tuple[int, WindowReport | NodeEvent, bool]] = []
-        jobs = jobs or {}
-        for index, rec in records:
-            problem = None if principal.root_side else ingest.ownership_problem(rec, principal, jobs)
-            if problem:
-                result.rejected.append({"index": index, "error": problem})
-                continue
-            try:
-                sent = rec
-                if rec.type == "window":
-                    rec = self._run_of(rec)
-            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
-                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
-                continue
-            kept.append((index, rec, body is not None and rec is sent))
-        rows, places = self._rows(kept, len(records), body, now, principal, result)
-        seqs = self._store_rows(rows, places, result)
+        results = [IngestResult(rejected=list(sub.rejected)) for sub in submissions]
+        rows: list[tuple] = []
+        places: list[list[tuple[int, WindowReport | NodeEvent]]] = []
+        owners: list[int] = []  # the submission each row stores
+        for n, (sub, result) in enumerate(zip(submissions, results)):
+            kept = self._kept(sub, result)
+            sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result)
+            rows += sub_rows
+            places += sub_places
+            owners += [n] * len(sub_rows)
+        try:
+            seqs = self._store_rows(rows, places, [results[n] for n in owners])
+        except StoreUnavailable as err:
+            return [err for _ in submissions]
         leading = self._fence is not None
         if leading:
             self._fed_own.update(seq for seq in seqs if seq is not None)
@@ -541,16 +548,17 @@ class Daemon:
                     self.follow()
                 except Exception as err:  # noqa: BLE001 - the next turn reads them; this batch goes on
                     self._unforeseen("reading other instances' records before", err)
-        steps: set[tuple[str, str]] = set()
-        taken: list[WindowReport | NodeEvent] = []
+        steps: list[set[tuple[str, str]]] = [set() for _ in submissions]
+        taken: list[list[WindowReport | NodeEvent]] = [[] for _ in submissions]
         failed: list[tuple[int, str]] = []
         failed_items: list[tuple[int, int, str]] = []
-        for row, seq, members in zip(rows, seqs, places):
+        for row, seq, members, n in zip(rows, seqs, places, owners):
             if seq is None:
                 continue
+            principal = submissions[n].principal
             for item, (index, rec) in enumerate(members):
                 try:
-                    self._received(rec, principal, now, row[6], steps)
+                    self._received(rec, principal, now, row[6], steps[n])
                     if leading:
                         self._analyse(rec, now)
                 except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
@@ -559,29 +567,53 @@ class Daemon:
                         failed_items.append((seq, item, reason))
                     else:
                         failed.append((seq, reason))
-                    result.rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
+                    results[n].rejected.append({"index": index, "error": f"{reason}; the record is quarantined"})
                     continue
-                taken.append(rec)
+                taken[n].append(rec)
         if failed or failed_items:
             moved = self.store.quarantine(failed, now) + self.store.quarantine_items(failed_items, now)
             self.metrics.quarantined.inc(moved)
-        result.accepted = len(taken)
-        self.metrics.accepted.inc(len(taken))
-        self.metrics.rejected.inc(len(result.rejected))
+        for result, own in zip(results, taken):
+            result.accepted = len(own)
+        self.metrics.accepted.inc(sum(map(len, taken)))
+        self.metrics.rejected.inc(sum(len(result.rejected) for result in results))
         # Forgetting an ended job reads its incidents' states: the leader's, after it analysed the job_end.
-        self._bookkeeping(now, pruned=taken, ended=taken if principal.root_side and leading else [],
+        self._bookkeeping(now, pruned=[rec for own in taken for rec in own],
+                          ended=[rec for sub, own in zip(submissions, taken) if sub.principal.root_side
+                                 for rec in own] if leading else [],
                           probes=leading)
         if leading:
             try:
                 self._mark_analysed(MARK_EVERY_S)
             except Exception as err:  # noqa: BLE001 - the next turn writes it; the reply stands
                 self._unforeseen("marking analysed", err)
-        for job, step in sorted(steps):
+        for result, wanted in zip(results, steps):
+            for job, step in sorted(wanted):
+                try:
+                    result.directives.extend(self._directives(job, step, now))
+                except Exception as err:  # noqa: BLE001 - no directives for that step this time
+                    self._unforeseen("reading the directives of", err)
+        return results
+
+    def _kept(self, sub: ingest.Submission, result: IngestResult) -> list[tuple[int, WindowReport | NodeEvent, bool]]:
+        """A request's records that its sender may send, each under its run, and whether it is as sent
+        (so its text is the body's); the others refused in ``result``."""
+        kept: list[tuple[int, WindowReport | NodeEvent, bool]] = []
+        principal = sub.principal
+        for index, rec in sub.records:
+            problem = None if principal.root_side else ingest.ownership_problem(rec, principal, sub.jobs)
+            if problem:
+                result.rejected.append({"index": index, "error": problem})
+                continue
             try:
-                result.directives.extend(self._directives(job, step, now))
-            except Exception as err:  # noqa: BLE001 - no directives for that step this time
-                self._unforeseen("reading the directives of", err)
-        return result
+                sent = rec
+                if rec.type == "window":
+                    rec = self._run_of(rec)
+            except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
+                result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
+                continue
+            kept.append((index, rec, sub.body is not None and rec is sent))
+        return kept
 
     def _directives(self, job: str, step: str, now: float) -> list[dict[str, Any]]:
         """The live directives of a job step, read at most once per ``DIRECTIVES_FRESH_S``: a node's
@@ -672,8 +704,9 @@ class Daemon:
         return rows, places
 
     def _store_rows(self, rows: list[tuple], places: list[list[tuple[int, WindowReport | NodeEvent]]],
-                    result: IngestResult) -> list[int | None]:
-        """One transaction for the batch; if it fails, row by row, refusing only the rows that fail."""
+                    results: list[IngestResult]) -> list[int | None]:
+        """One transaction for the batch; if it fails, row by row, refusing only the rows that fail (in
+        ``results``, each row's request's)."""
         if not rows:
             return []
         try:
@@ -685,7 +718,7 @@ class Daemon:
                 raise StoreUnavailable(f"state database unavailable: {err}") from err
             self._unforeseen("storing", err)
         seqs: list[int | None] = []
-        for row, members in zip(rows, places):
+        for row, members, result in zip(rows, places, results):
             try:
                 seqs.extend(self.store.add_records([row]))
             except Exception as err:  # noqa: BLE001 - that row alone is refused

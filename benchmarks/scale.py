@@ -34,11 +34,12 @@ as CPU seconds per 100,000 reports:
   ``artemisd`` process (AuthType=none) on a third database, fed over HTTP
   by a client on another CPU: two windows with each report its own request
   (what every rank's sender posts) and two in bodies of 8 (one node's
-  ranks), each request on a new connection (``door_*_posts``), and the same
+  ranks), each request on a new connection (``door_*_posts``), the same
   over one kept-alive connection (``door_*_kept``: the probe's sender keeps
-  its connection); the server's CPU, and PostgreSQL's, per 100,000 reports
-  of each.  Everything else above is per report; this is what a request
-  costs.
+  its connection), and over 64 kept-alive connections posting at once
+  (``door_*_together``: a job's ranks end a window at the same step); the
+  server's CPU, and PostgreSQL's, per 100,000 reports of each.  Everything
+  else above is per report; this is what a request costs.
 
 The sizing table extrapolates linearly from those costs (every one of them
 is linear in the reports or the requests: per-record work plus one analysis
@@ -64,6 +65,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -83,6 +85,9 @@ from tests.unit.pg import PASSWORD, PgServer  # noqa: E402
 
 GPUS_PER_NODE = 8
 WINDOW_S = 10.0
+# Connections posting at once in the ``_together`` shapes: a job's ranks finish a window at the same
+# step and post within moments of each other (64 client threads here; a real burst is the job's ranks).
+TOGETHER = 64
 
 
 def window(seq: int, ranks: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -242,16 +247,19 @@ def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = RO
     """A real artemisd (the one in ``tree``) on ``cpu``, fed over HTTP: two windows of one-report
     requests and two in bodies of 8, each request on a new connection (``_posts``), and the same
     over one kept-alive connection (``_kept``), as the probe posts since 2026-12-06 where its
-    daemon's ``IdleTimeout`` outlasts a window.  A window at a time, new and kept alternating
-    (A B B A), so neither has the warmer daemon or the smaller tables.  Its CPU and PostgreSQL's
-    per shape."""
+    daemon's ``IdleTimeout`` outlasts a window; then both sizes from ``TOGETHER`` kept-alive
+    connections at once (``_together``: a job's ranks post within moments of each other, and the
+    daemon stores the requests that are ready together in one statement, ``GroupCommit``).  A
+    window at a time, shapes alternating (A B B A), so neither has the warmer daemon or the smaller
+    tables.  Its CPU and PostgreSQL's per shape."""
     url = pg.create_database(name)
     port = free_port()
     rng = random.Random(11)
-    shapes = {"door_rank_posts": (1, False), "door_rank_kept": (1, True),
-              "door_node_posts": (GPUS_PER_NODE, False), "door_node_kept": (GPUS_PER_NODE, True)}
+    shapes = {"door_rank_posts": (1, False, 1), "door_rank_kept": (1, True, 1),
+              "door_node_posts": (GPUS_PER_NODE, False, 1), "door_node_kept": (GPUS_PER_NODE, True, 1),
+              "door_rank_together": (1, True, TOGETHER), "door_node_together": (GPUS_PER_NODE, True, TOGETHER)}
     names = list(shapes)
-    order = [names[i] for i in (0, 1, 1, 0, 2, 3, 3, 2)]
+    order = [names[i] for i in (0, 1, 1, 0, 2, 3, 3, 2, 4, 5, 5, 4)]
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp, "artemis.conf")
         conf.write_text(f"Listen=127.0.0.1:{port}\nAuthType=none\nStateURL={url}\nStatePasswordFile={secret}\n"
@@ -279,21 +287,15 @@ def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = RO
             os.sched_setaffinity(0, {client_cpu})
             seq = 0
             for name in order:
-                size, kept = shapes[name]
+                size, kept, connections = shapes[name]
                 recs = window(seq, ranks, rng)
                 seq += 1
                 bodies = [(json.dumps(recs[i:i + size]).encode(), len(recs[i:i + size]))
                           for i in range(0, ranks, size)]
                 server_before, pg_before = cpu_seconds(proc.pid), server_cpu_s(pg)
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                for body, count in bodies:
-                    conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/json"})
-                    response = conn.getresponse()
-                    reply = json.loads(response.read())
-                    assert response.status == 200 and reply["accepted"] == count, reply
-                    if not kept:
-                        conn.close()  # the next request opens a new one
-                conn.close()
+                with ThreadPoolExecutor(connections) as pool:
+                    list(pool.map(lambda part: post_all(port, part, kept), (bodies[i::connections]
+                                                                           for i in range(connections))))
                 # Scaled to the reports the main stages count, so per_100k reads alike.
                 out[name] = out.get(name, 0.0) + cpu_seconds(proc.pid) - server_before
                 pg_name = name.replace("door", "door_pg")
@@ -304,6 +306,19 @@ def front_door(pg: PgServer, secret: Path, ranks: int, cpu: int, tree: Path = RO
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     return out
+
+
+def post_all(port: int, bodies: list[tuple[bytes, int]], kept: bool) -> None:
+    """``bodies`` posted one after the other, each over a new connection or all over one kept alive."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for body, count in bodies:
+        conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        reply = json.loads(response.read())
+        assert response.status == 200 and reply["accepted"] == count, reply
+        if not kept:
+            conn.close()  # the next request opens a new one
+    conn.close()
 
 
 def door_side_by_side(pg: PgServer, secret: Path, ranks: int, cpu: int, baseline: str, tmp: Path
@@ -325,12 +340,13 @@ def sizing(per_100k: dict[str, float], keep: int, idle_timeout_s: float) -> list
     """Cores of this machine per load.  With the front door measured, the instances' cores are its
     figures (HTTP, store and analysis of one-report and of 8-report requests): over kept-alive
     connections where the window is shorter than ``IdleTimeout`` (the probe's connection is still
-    open at its next window), else a new connection per request; without it, the in-process figures
-    of bodies of ``--batch``."""
+    open at its next window), else a new connection per request, each request alone (the most a
+    request costs); and one-report requests arriving together (a job's ranks end a window at the
+    same step), stored together; without it, the in-process figures of bodies of ``--batch``."""
     door = "door_rank_posts" in per_100k
     heads = (["artemisd cores, each rank posting", "artemisd cores, a node's 8 per request",
-              "PostgreSQL cores, each rank posting"] if door else
-             ["leader cores (validate + accept)", "PostgreSQL cores"])
+              "PostgreSQL cores, each rank posting", "artemisd + PostgreSQL cores, ranks posting together"]
+             if door else ["leader cores (validate + accept)", "PostgreSQL cores"])
     rows = ["| GPUs | window | reports/s | " + " | ".join(heads) + " | standby cores (follow) | stored reports "
             "| cold restore |", "|---:" * (len(heads) + 6) + "|"]
     for gpus in (1_000, 10_000, 100_000):
@@ -339,7 +355,8 @@ def sizing(per_100k: dict[str, float], keep: int, idle_timeout_s: float) -> list
             if door:
                 shape = "kept" if "door_rank_kept" in per_100k and window_s < idle_timeout_s else "posts"
                 cores = [per_100k[f"door_rank_{shape}"], per_100k[f"door_node_{shape}"],
-                         per_100k[f"door_pg_rank_{shape}"]]
+                         per_100k[f"door_pg_rank_{shape}"],
+                         per_100k["door_rank_together"] + per_100k["door_pg_rank_together"]]
             else:
                 cores = [per_100k["validate"] + per_100k["accept"], per_100k["postgresql"]]
             follow = rate * per_100k["follow"] / 100_000

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from artemisd.auth import TRUSTED_LOCAL
 from artemisd.lease import Lease, next_lease, released
 from tests.unit.test_server import (HEALTHY, HOT, NODES, SLOW_BUSY, Clock, Harness, body, cluster,
                                     hot_gpu_confirmed, run)
@@ -296,6 +297,33 @@ def test_a_users_reports_meeting_a_database_down_are_deferred_not_refused(pg_ser
                     await asyncio.sleep(0.2)
             assert jobs["100"].user_id == 1000 and b.daemon.store.job_partition("100") == slurm.jobs["100"].partition
             assert b.daemon.accept(records, owner, jobs).accepted == len(HEALTHY)
+    run(scenario)
+
+
+def test_requests_stored_together_are_refused_together_while_the_database_is_down(pg_server, tmp_path):  # noqa: F811
+    """A group (GroupCommit) meeting the database down: every request in it is refused for a retry
+    and nothing of any is stored; sent again once the database is back, all are stored, in the
+    general statement's one transaction (two rows)."""
+    from artemisd.ingest import Submission, fast_records
+    from artemisd.server import GROUPS
+    from artemisd.store import StoreUnavailable
+
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "groups") as (_, b, _slurm):
+            bodies = [body(lockstep(seq, HEALTHY, nodes=NODES)) for seq in (0, 1)]
+            subs = [Submission(fast_records(sent, 100_000), TRUSTED_LOCAL, body=sent) for sent in bodies]
+            groups = b.client.app[GROUPS]
+            with pg_server.down():
+                refused = await asyncio.gather(*(groups.accept(sub) for sub in subs), return_exceptions=True)
+            assert all(isinstance(outcome, StoreUnavailable) for outcome in refused), refused
+            for _ in range(20):  # the store tries to connect again a third of LeaseTime after a failure
+                replies = await asyncio.gather(*(groups.accept(sub) for sub in subs), return_exceptions=True)
+                if not any(isinstance(reply, StoreUnavailable) for reply in replies):
+                    break
+                await asyncio.sleep(0.2)
+            assert [reply.accepted for reply in replies] == [len(HEALTHY)] * 2
+            assert b.daemon.store.record_count() == 2 * len(HEALTHY)
+            assert [json.loads(r.body)[0]["window"]["seq"] for r in b.daemon.store.records()] == [0, 1]
     run(scenario)
 
 

@@ -789,3 +789,46 @@ def test_systemd_is_told_ready_on_its_notify_socket(tmp_path):
         assert listener.recv(64) == b"READY=1"
     assert not notify_ready({})  # not under systemd: nothing to tell
     assert not notify_ready({"NOTIFY_SOCKET": str(tmp_path / "gone")})  # logged, never fatal
+
+
+def test_requests_ready_together_are_stored_in_one_statement_and_each_answered_for_its_own_records(tmp_path):
+    """GroupCommit: the requests whose records are ready in one turn of the loop go to the store
+    together (one ``accept_many``), and each reply counts, refuses and directs its own records only:
+    the owner's window, a stranger's copy of it (every item refused as not theirs), and the owner's
+    next window with an item validation refused.  A request whose client went away before its group
+    ran is neither stored nor answered."""
+    from artemisd.auth import Principal
+    from artemisd.ingest import Submission, fast_records
+    from artemisd.server import GROUPS
+
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            owner = Principal(uid=1000, gid=1000, root_side=False, admin=False)
+            stranger = Principal(uid=2000, gid=2000, root_side=False, admin=False)
+            groups = h.client.app[GROUPS]
+
+            async def submission(principal: Principal, seq: int, refused: list | None = None) -> Submission:
+                records = fast_records(body(lockstep(seq, HEALTHY, nodes=NODES)), 100_000)
+                return Submission(records, principal, await h.daemon.check_jobs(principal, records), refused or [])
+
+            subs = [await submission(owner, 0), await submission(stranger, 0),
+                    await submission(owner, 1, [{"index": 8, "error": "rank: 99 is not below world 8"}])]
+            replies = await asyncio.gather(*(groups.accept(sub) for sub in subs))
+            assert [reply.accepted for reply in replies] == [WORLD, 0, WORLD]
+            assert replies[0].rejected == [] and replies[2].rejected == subs[2].rejected
+            assert [r["index"] for r in replies[1].rejected] == list(range(WORLD))
+            assert all("not owned by uid 2000" in r["error"] for r in replies[1].rejected)
+            assert h.daemon.store.record_count() == 2 * WORLD
+            group = h.daemon.metrics.ingest_group
+            assert (group._sum.get(), sum(b.get() for b in group._buckets)) == (3, 1)  # one group of three
+
+            # The client of the second request goes away before its group runs.
+            tasks = [asyncio.ensure_future(groups.accept(await submission(owner, seq))) for seq in (2, 3, 4)]
+            await asyncio.sleep(0)  # each has queued its records; their group runs on the next turn
+            tasks[1].cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            assert [getattr(reply, "accepted", reply) for reply in done[::2]] == [WORLD, WORLD]
+            assert isinstance(done[1], asyncio.CancelledError)
+            stored = h.daemon.store.db.execute('SELECT DISTINCT "window" FROM records').fetchall()
+            assert {window for (window,) in stored} == {0, 1, 2, 4}
+    run(scenario)
