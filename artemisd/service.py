@@ -45,7 +45,7 @@ from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
 from artemisd.runs import JobRun, run_key, split_run
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.store import (ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, batch_items,
-                            open_store)
+                            merge_batch_rows, open_store)
 from artemisd.ingest import IngestResult
 from artemisd.lease import LEADER, Fenced, Lease
 from artemisd.wire import NodeEvent, ReportError, WindowReport, dump_record, parse_record, with_step
@@ -525,16 +525,15 @@ class Daemon:
         now = self.clock()
         results = [IngestResult(rejected=list(sub.rejected)) for sub in submissions]
         rows: list[tuple] = []
-        places: list[list[tuple[int, WindowReport | NodeEvent]]] = []
-        owners: list[int] = []  # the submission each row stores
+        places: list[list[tuple[int, WindowReport | NodeEvent, int]]] = []  # + the submission it came in
         for n, (sub, result) in enumerate(zip(submissions, results)):
             kept = self._kept(sub, result)
             sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result)
             rows += sub_rows
-            places += sub_places
-            owners += [n] * len(sub_rows)
+            places += [[(index, rec, n) for index, rec in members] for members in sub_places]
+        rows, places = merge_batch_rows(rows, places)
         try:
-            seqs = self._store_rows(rows, places, [results[n] for n in owners])
+            seqs = self._store_rows(rows, places, results)
         except StoreUnavailable as err:
             return [err for _ in submissions]
         leading = self._fence is not None
@@ -552,13 +551,12 @@ class Daemon:
         taken: list[list[WindowReport | NodeEvent]] = [[] for _ in submissions]
         failed: list[tuple[int, str]] = []
         failed_items: list[tuple[int, int, str]] = []
-        for row, seq, members, n in zip(rows, seqs, places, owners):
+        for row, seq, members in zip(rows, seqs, places):
             if seq is None:
                 continue
-            principal = submissions[n].principal
-            for item, (index, rec) in enumerate(members):
+            for item, (index, rec, n) in enumerate(members):
                 try:
-                    self._received(rec, principal, now, row[6], steps[n])
+                    self._received(rec, submissions[n].principal, now, row[6], steps[n])
                     if leading:
                         self._analyse(rec, now)
                 except Exception as err:  # noqa: BLE001 - quarantined and refused alone; the others go on
@@ -703,10 +701,10 @@ class Daemon:
                 places.append([(index, rec)])
         return rows, places
 
-    def _store_rows(self, rows: list[tuple], places: list[list[tuple[int, WindowReport | NodeEvent]]],
+    def _store_rows(self, rows: list[tuple], places: list[list[tuple[int, WindowReport | NodeEvent, int]]],
                     results: list[IngestResult]) -> list[int | None]:
-        """One transaction for the batch; if it fails, row by row, refusing only the rows that fail (in
-        ``results``, each row's request's)."""
+        """One transaction for the batch; if it fails, row by row, refusing only the rows that fail (each
+        record in its own request's result: ``results[n]``)."""
         if not rows:
             return []
         try:
@@ -718,12 +716,13 @@ class Daemon:
                 raise StoreUnavailable(f"state database unavailable: {err}") from err
             self._unforeseen("storing", err)
         seqs: list[int | None] = []
-        for row, members, result in zip(rows, places, results):
+        for row, members in zip(rows, places):
             try:
                 seqs.extend(self.store.add_records([row]))
             except Exception as err:  # noqa: BLE001 - that row alone is refused
                 reason = self._unforeseen("storing", err)
-                result.rejected.extend({"index": index, "error": reason} for index, _ in members)
+                for index, _, n in members:
+                    results[n].rejected.append({"index": index, "error": reason})
                 seqs.append(None)
         return seqs
 

@@ -50,7 +50,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -251,6 +251,53 @@ def batch_items(body: str | bytes) -> list[str]:
         return [bytes(item).decode() for item in _ITEMS.decode(body)]
     except (msgspec.DecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"a batch row is not a JSON array: {err}") from None
+
+
+T = TypeVar("T")
+MERGED_ROW_BYTES = 1 << 20  # batch rows of several requests are merged up to this size (merge_batch_rows)
+
+
+def merge_batch_rows(rows: list[tuple[Any, ...]], members: list[list[T]], limit: int = MERGED_ROW_BYTES
+                     ) -> tuple[list[tuple[Any, ...]], list[list[T]]]:
+    """``add_records`` rows and each row's members -> the same with the batch rows of one job, window,
+    time received and sender (uid, root side) merged into one, each at its first place.
+
+    Requests stored together (one per rank, or one per node) each make a batch
+    row of a few reports of the same job and window: merged, they are one row
+    as a forwarder's body would be, so the database, a standby's follow and a
+    restore take one row instead of many.  A merged row's items are its rows'
+    items in order (a quarantined item is named by that place); its node is
+    theirs where they share one.  Only rows whose texts fit ``limit`` together
+    merge: a forwarder's large body stays as it came.
+    """
+    out_rows: list[list[Any]] = []
+    texts: list[list[str]] = []
+    out_members: list[list[T]] = []
+    sizes: list[int] = []
+    open_at: dict[tuple[Any, ...], int] = {}
+    for row, own in zip(rows, members):
+        job, window, node, received, uid, root, text, items = with_items(row)
+        key = (job, window, received, uid, root)
+        at = open_at.get(key) if items else None
+        if at is not None and sizes[at] + len(text) <= limit:
+            merged = out_rows[at]
+            merged[2] = node if merged[2] == node else None
+            merged[7] += items
+            texts[at].append(text)
+            sizes[at] += len(text)
+            out_members[at].extend(own)
+            continue
+        if items:
+            open_at[key] = len(out_rows)
+        out_rows.append([job, window, node, received, uid, root, text, items])
+        texts.append([text])
+        sizes.append(len(text))
+        out_members.append(list(own))
+    for row, parts in zip(out_rows, texts):
+        if len(parts) > 1:
+            # Each part is a JSON array: its items between the first "[" and the last "]".
+            row[6] = "[" + ",".join(part[part.index("[") + 1:part.rindex("]")] for part in parts) + "]"
+    return [tuple(row) for row in out_rows], out_members
 
 
 def skipped_items(text: str | None) -> frozenset[int]:

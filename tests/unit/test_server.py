@@ -796,7 +796,7 @@ def test_requests_ready_together_are_stored_in_one_statement_and_each_answered_f
     together (one ``accept_many``), and each reply counts, refuses and directs its own records only:
     the owner's window, a stranger's copy of it (every item refused as not theirs), and the owner's
     next window with an item validation refused.  A request whose client went away before its group
-    ran is neither stored nor answered."""
+    ran is neither stored nor answered.  Requests of one job's window are one row in the store."""
     from artemisd.auth import Principal
     from artemisd.ingest import Submission, fast_records
     from artemisd.server import GROUPS
@@ -831,4 +831,17 @@ def test_requests_ready_together_are_stored_in_one_statement_and_each_answered_f
             assert isinstance(done[1], asyncio.CancelledError)
             stored = h.daemon.store.db.execute('SELECT DISTINCT "window" FROM records').fetchall()
             assert {window for (window,) in stored} == {0, 1, 2, 4}
+
+            # One window's reports in two requests (two nodes' relays): one row, as one body would be.
+            window = lockstep(5, HEALTHY, nodes=NODES)
+            halves = [body(window[:WORLD // 2]), body(window[WORLD // 2:])]
+            subs = []
+            for sent in halves:
+                records = fast_records(sent, 100_000)
+                subs.append(Submission(records, owner, await h.daemon.check_jobs(owner, records), body=sent))
+            replies = await asyncio.gather(*(groups.accept(sub) for sub in subs))
+            assert [reply.accepted for reply in replies] == [WORLD // 2] * 2
+            [(items, text, node)] = h.daemon.store.db.execute(
+                'SELECT items, body, node FROM records WHERE "window" = 5').fetchall()
+            assert (items, [r["rank"] for r in json.loads(text)], node) == (WORLD, list(range(WORLD)), None)
     run(scenario)

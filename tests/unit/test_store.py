@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -67,3 +68,29 @@ def test_incident_queries_filter_in_sql(tmp_path):
                                            {}, float(n), float(n)))
     assert [i.id for i in store.incidents(states=["confirmed"], decide=True)] == ["INC-0"]
     assert [i.id for i in store.incidents(job="7")] == ["INC-0", "INC-1"]
+
+
+def test_batch_rows_of_one_job_window_and_sender_merge_in_order_up_to_the_limit():
+    """merge_batch_rows: what GroupCommit stores for requests of one window (a rank's or a node's)."""
+    from artemisd.store import merge_batch_rows
+
+    def batch(*ranks: int) -> str:
+        return " " + json.dumps([{"rank": r} for r in ranks]) + "\n"  # as a body may come: spaces kept
+
+    rows = [("1", 0, "n0", 5.0, 1000, False, batch(0, 1), 2),
+            ("1", None, "n0", 5.0, 0, True, '{"type": "node"}'),  # not a batch: stays alone
+            ("1", 0, "n1", 5.0, 1000, False, batch(2, 3), 2),
+            ("1", 0, "n2", 5.0, 2000, False, batch(4), 1),  # another sender
+            ("1", 1, "n1", 5.0, 1000, False, batch(5), 1),  # another window
+            ("1", 0, "n3", 5.0, 1000, False, batch(6), 1)]
+    merged, members = merge_batch_rows(rows, [[r] for r in range(len(rows))])
+    assert [row[:6] + row[7:] for row in merged] == [("1", 0, None, 5.0, 1000, False, 5),
+                                                     ("1", None, "n0", 5.0, 0, True, 0),
+                                                     ("1", 0, "n2", 5.0, 2000, False, 1),
+                                                     ("1", 1, "n1", 5.0, 1000, False, 1)]
+    assert [r["rank"] for r in json.loads(merged[0][6])] == [0, 1, 2, 3, 6]
+    assert members == [[0, 2, 5], [1], [3], [4]]
+    assert merged[2][6] == batch(4)  # a row merged with nothing is stored as it came
+
+    small, _ = merge_batch_rows(rows[:3], [[0], [1], [2]], limit=len(batch(0, 1)) + 1)
+    assert [row[7] for row in small] == [2, 0, 2]  # over the limit: the next row starts its own
