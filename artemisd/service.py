@@ -527,8 +527,15 @@ class Daemon:
         rows: list[tuple] = []
         places: list[list[tuple[int, WindowReport | NodeEvent, int]]] = []  # + the submission it came in
         for n, (sub, result) in enumerate(zip(submissions, results)):
-            kept = self._kept(sub, result)
-            sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result)
+            try:
+                kept = self._kept(sub, result)
+                sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result)
+            except Exception as err:  # noqa: BLE001 - one request's failure never fails the others of its group
+                reason = self._unforeseen("storing", err)
+                refused = {r["index"] for r in result.rejected}
+                result.rejected += [{"index": index, "error": reason} for index, _ in sub.records
+                                    if index not in refused]
+                continue
             rows += sub_rows
             places += [[(index, rec, n) for index, rec in members] for members in sub_places]
         rows, places = merge_batch_rows(rows, places)

@@ -845,3 +845,33 @@ def test_requests_ready_together_are_stored_in_one_statement_and_each_answered_f
                 'SELECT items, body, node FROM records WHERE "window" = 5').fetchall()
             assert (items, [r["rank"] for r in json.loads(text)], node) == (WORLD, list(range(WORLD)), None)
     run(scenario)
+
+
+def test_one_requests_unforeseen_failure_refuses_its_own_records_not_its_groups(tmp_path):
+    """The last-resort guard per request of a group (a failure injected while one request's rows are
+    made): that request's records are refused with the reason, the others of its group are stored
+    and answered as if it had not been there."""
+    from artemisd.auth import Principal
+    from artemisd.ingest import Submission, fast_records
+    from artemisd.server import GROUPS
+
+    async def scenario():
+        async with Harness(tmp_path, "", cluster(), Clock()) as h:
+            root = Principal(uid=0, gid=0, root_side=True, admin=True)
+            real = h.daemon._rows
+
+            def failing(kept, sent, body, now, principal, result):
+                if kept and kept[0][1].window.seq == 1:
+                    raise KeyError("injected")
+                return real(kept, sent, body, now, principal, result)
+            h.daemon._rows = failing
+            subs = [Submission(fast_records(body(lockstep(seq, HEALTHY, nodes=NODES)), 100_000), root)
+                    for seq in range(3)]
+            replies = await asyncio.gather(*(h.client.app[GROUPS].accept(sub) for sub in subs))
+            assert [reply.accepted for reply in replies] == [WORLD, 0, WORLD]
+            assert [r["index"] for r in replies[1].rejected] == list(range(WORLD))
+            assert replies[1].rejected[0]["error"] == "internal error while storing this item (KeyError: 'injected')"
+            assert replies[0].rejected == replies[2].rejected == []
+            stored = h.daemon.store.db.execute('SELECT DISTINCT "window" FROM records').fetchall()
+            assert {window for (window,) in stored} == {0, 2}
+    run(scenario)
