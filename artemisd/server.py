@@ -508,9 +508,10 @@ def main(argv: list[str] | None = None) -> int:
         "stragglers, acts through Slurm within the policy of artemis.conf, and verifies the result.",
         epilog="Signals: SIGHUP re-reads the config (a bad file keeps the running one; the error is logged "
         "with file:line); SIGTERM/SIGINT stop cleanly (a leader gives its lease up).  High availability: "
-        "several artemisd with one StateURL (PostgreSQL) database, each with its own Listen; one leads "
-        "(takes reports, decides, acts), the others stand by, following its records, and one takes over "
-        "within LeaseTime; GET /v1/health and `artemis status` say which.  Logs: JSON lines on stderr.  "
+        "several artemisd with one StateURL (PostgreSQL) database, each with its own Listen; each takes "
+        "reports (the probes list every endpoint) and stores them; one leads (analyses every instance's "
+        "reports, decides, acts), the others stand by, following its records, and one takes over within "
+        "LeaseTime; GET /v1/health and `artemis status` say which.  Logs: JSON lines on stderr.  "
         "Reference: artemis.conf(5) (docs/artemis.conf.5.md, admin guide: High availability); the "
         "`artemis` command reads the daemon's state.",
     )
