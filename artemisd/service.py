@@ -510,7 +510,9 @@ class Daemon:
         nothing else): its window reports are stored as *batch rows*, the
         reports of one job and window as the sender wrote them, one row for all
         of them (the body itself where it is one such batch, no encoding or
-        splitting pass); a record re-keyed to a new run is encoded again.
+        splitting pass); a record re-keyed to a new run is encoded again.  The
+        requests' batch rows of one job, window and sender are then merged
+        into one (``store.merge_batch_rows``).
 
         Each record is stored, then analysed, under a last-resort guard: an
         unforeseen failure refuses that record alone (its reason in its
