@@ -19,6 +19,7 @@ import fnmatch
 import glob
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from artemisd.wire import DEFAULT_MAX_WORLD
 
 MAX_INCLUDE_DEPTH = 8
+COMMAND_LINE = "command line"  # where a setting given as an option (artemisd --listen) was written
 
 
 class ConfigError(ValueError):
@@ -537,11 +539,16 @@ def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
     return Config(**sections, **{k: tuple(v) for k, v in blocks.items()}, sources=sources)
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Read artemis.conf; ``None`` gives the embedded defaults."""
-    if path is None:
+def load_config(path: str | Path | None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
+    """Read artemis.conf; ``None`` gives the embedded defaults.  ``overrides``: ``(key, value)`` pairs
+    given on the command line, applied after the file's own (they win); an error in one names the
+    command line instead of a file."""
+    if path is None and not overrides:
         return Config()
-    return build_config(read_lines(path), str(path))
+    lines = [] if path is None else read_lines(path)
+    if overrides:
+        lines.append(ConfLine([Setting(key, value, COMMAND_LINE, 0) for key, value in overrides]))
+    return build_config(lines, "<defaults>" if path is None else str(path))
 
 
 def parse_config_text(text: str, name: str = "<text>") -> Config:

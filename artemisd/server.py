@@ -37,7 +37,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
@@ -421,9 +421,10 @@ async def run_loop(daemon: Daemon, stop: asyncio.Event, tick: float = TICK_S) ->
             pass
 
 
-def reload_config(daemon: Daemon, path: str | None, auth: MungeAuth | NoAuth | None = None) -> bool:
+def reload_config(daemon: Daemon, path: str | None, auth: MungeAuth | NoAuth | None = None,
+                  overrides: Sequence[tuple[str, str]] = ()) -> bool:
     try:
-        config = load_config(path)
+        config = load_config(path, overrides)
     except ConfigError as err:
         log.error("config reload failed; keeping the running config", error=str(err), file=err.file,
                   line=err.line, key=err.key)
@@ -458,8 +459,10 @@ def notify_ready(environ: dict[str, str] | None = None) -> bool:
     return True
 
 
-async def serve(config_path: str | None) -> int:
-    config = load_config(config_path)
+async def serve(config_path: str | None, overrides: Sequence[tuple[str, str]] = ()) -> int:
+    """Run the daemon until SIGTERM/SIGINT.  ``overrides``: settings given as options (``--listen``),
+    over the file's at start and at every reload."""
+    config = load_config(config_path, overrides)
     daemon = Daemon(config, make_backend(config.daemon.slurm_backend, config.daemon.slurm_timeout))
     tune_gc()
     auth = make_auth(config)
@@ -482,7 +485,7 @@ async def serve(config_path: str | None) -> int:
         gate, host.strip("[]"), int(port), reuse_address=True, backlog=LISTEN_BACKLOG)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, reload_config, daemon, config_path, auth)
+    loop.add_signal_handler(signal.SIGHUP, reload_config, daemon, config_path, auth, overrides)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("artemisd listening", listen=config.daemon.listen, state_dir=config.daemon.state_dir,
@@ -516,11 +519,15 @@ def main(argv: list[str] | None = None) -> int:
         "`artemis` command reads the daemon's state.",
     )
     parser.add_argument("--config", "-c", default="/etc/artemis/artemis.conf", help="artemis.conf path")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help="listen here instead of artemis.conf's Listen: one of several instances on one "
+                        "host, each its own (artemisd@HOST:PORT.service)")
     parser.add_argument("--version", action="version", version=f"artemisd {__version__}")
     args = parser.parse_args(argv)
     configure_logging()
+    overrides = [("Listen", args.listen)] if args.listen is not None else []
     try:
-        return asyncio.run(serve(args.config))
+        return asyncio.run(serve(args.config, overrides))
     except ConfigError as err:
         print(f"artemisd: {err}", file=sys.stderr)
         return 2

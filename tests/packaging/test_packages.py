@@ -115,7 +115,8 @@ def test_controller_deb_layout(packages: dict[str, Path]) -> None:
     paths = deb_paths(deb)
     for path in (f"{VENV}/bin/artemisd", f"{VENV}/bin/artemis", f"{VENV}/pyvenv.cfg",
                  "/etc/artemis/artemis.conf", "/etc/default/artemisd",
-                 "/lib/systemd/system/artemisd.service", "/usr/lib/sysusers.d/artemis-hpc.conf",
+                 "/lib/systemd/system/artemisd.service", "/lib/systemd/system/artemisd@.service",
+                 "/usr/lib/sysusers.d/artemis-hpc.conf",
                  "/var/lib/artemis"):
         assert path in paths, path
     # Debian compresses documentation over 4 kB.
@@ -241,6 +242,7 @@ def test_installed_commands_and_config(installed: None) -> None:
     assert "/etc/artemis/artemis.conf: OK" in check.stdout
     # The unit as systemd would load it (syntax, the ExecStart binary, the user).
     run("systemd-analyze", "verify", "/lib/systemd/system/artemisd.service")
+    run("systemd-analyze", "verify", "/lib/systemd/system/artemisd@.service")
     # StateURL=postgresql://... works from the package alone: psycopg with its own libpq.
     libpq = run("/opt/artemis/bin/python", "-c", "import psycopg; print(psycopg.pq.version())").stdout
     assert int(libpq) >= 140000

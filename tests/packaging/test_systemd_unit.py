@@ -144,8 +144,8 @@ def container(packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     assert box.nspawn.returncode == 0, box.log.read_text(errors="replace")[-3000:]
 
 
-def show(box: Container, *props: str) -> dict[str, str]:
-    out = box.sh("systemctl", "show", UNIT, *(f"--property={p}" for p in props)).stdout
+def show(box: Container, *props: str, unit: str = UNIT) -> dict[str, str]:
+    out = box.sh("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -325,3 +325,28 @@ def test_password_file_readable_by_the_daemons_user_only(container: Container) -
     finally:
         box.sh("sh", "-c", f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf {dropin} {conf} "
                            f"{password}; systemctl daemon-reload", check=False)
+
+
+def test_the_template_runs_several_instances_on_one_host(container: Container) -> None:
+    """artemisd@HOST:PORT.service: two instances from the one artemis.conf, each its own unit and process
+    on its own address, one leading and one standing by over the state they share (the SQLite file
+    here: the container has no PostgreSQL)."""
+    box = container
+    box.sh("systemctl", "stop", UNIT)
+    ports = (7611, 7612)
+    units = [f"artemisd@127.0.0.1:{port}.service" for port in ports]
+    try:
+        for unit in units:
+            box.sh("systemctl", "start", unit)  # Type=notify: returns once that instance listens
+        replies = [health(box, port) for port in ports]
+        assert sorted(reply["role"] for reply in replies) == ["leader", "standby"], replies
+        leader = next(reply for reply in replies if reply["role"] == "leader")["leader"]["instance"]
+        assert all(reply["leader"]["instance"] == leader for reply in replies), replies
+        assert leader.endswith((":127.0.0.1:7611", ":127.0.0.1:7612")), leader
+        states = [show(box, "ActiveState", "MainPID", "User", unit=unit) for unit in units]
+        assert [state["ActiveState"] for state in states] == ["active", "active"], states
+        assert states[0]["MainPID"] != states[1]["MainPID"] and {s["User"] for s in states} == {"artemis"}
+        command = box.sh("cat", f"/proc/{states[1]['MainPID']}/cmdline").stdout.split("\0")
+        assert command[-3:-1] == ["--listen", "127.0.0.1:7612"], command
+    finally:
+        box.sh("systemctl", "stop", *units, check=False)

@@ -44,13 +44,14 @@ class Artemisd:
                              f"SlurmTimeout=5\n{extra}")
         self.log = tmp / "artemisd.log"
         self.proc: subprocess.Popen | None = None
+        self.options: list[str] = []
 
     def start(self) -> Artemisd:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = "/nonexistent/slurm.conf"  # no cluster: Slurm calls fail fast
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "artemisd.server", "--config", str(self.conf)],
-                                         stdout=log, stderr=log, env=env)
+            self.proc = subprocess.Popen([sys.executable, "-m", "artemisd.server", "--config", str(self.conf),
+                                          *self.options], stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -154,6 +155,34 @@ def test_sighup_reload_keeps_old_config_on_error(daemon):
     while not daemon.get("/v1/status")["dry_run"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert daemon.get("/v1/status")["dry_run"] is True
+
+
+def test_listen_given_as_an_option_wins_over_the_files_and_stays_through_a_reload(tmp_path):
+    """Several instances on one host share one artemis.conf, each with its own ``--listen``
+    (artemisd@HOST:PORT.service): the option's address is served, the file's is not, and a
+    SIGHUP re-reads the file without moving the instance."""
+    d = Artemisd(tmp_path)
+    in_file = d.port
+    d.port = free_port()
+    d.url = f"http://127.0.0.1:{d.port}"
+    d.options = ["--listen", f"127.0.0.1:{d.port}"]
+    try:
+        d.start()
+        assert d.get("/v1/status")["instance"].endswith(f":127.0.0.1:{d.port}")
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{in_file}/v1/health", timeout=2)
+        d.conf.write_text(d.conf.read_text() + "DryRun=yes\n")
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while not d.get("/v1/status")["dry_run"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        status = d.get("/v1/status")
+        assert status["dry_run"] is True and status["instance"].endswith(f":127.0.0.1:{d.port}")
+    finally:
+        d.stop()
+    bad = subprocess.run([sys.executable, "-m", "artemisd.server", "--config", str(d.conf), "--listen", "7600"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "command line: Listen: bad value '7600'" in bad.stderr
 
 
 def test_config_check_command(tmp_path, capsys):
