@@ -161,7 +161,7 @@ class GroupCommit:
     "Scale").  A request alone waits one turn of the loop, nothing more: the
     groups grow only where requests arrive together, i.e. under load.  A group
     holds at most ``max_records`` records and ``max_bytes`` of bodies (the rest
-    are the next group's; one request alone may exceed them, as it may today),
+    are the next group's; a request larger than that is a group of its own),
     so one flush stays as bounded as one request, and one statement's arrays
     far below PostgreSQL's 1 GB a value.  A request whose handler was
     cancelled before its group ran (the client went away) is not stored: it
@@ -209,9 +209,8 @@ class GroupCommit:
         except Exception as err:  # noqa: BLE001 - each request answers it as it would have alone (500)
             outcomes = [err for _ in group]
         self.daemon.metrics.ingest_group.observe(len(group))
+        # No await since the group was taken: nothing could cancel its futures meanwhile.
         for (_, done), outcome in zip(group, outcomes):
-            if done.done():
-                continue
             if isinstance(outcome, BaseException):
                 done.set_exception(outcome)
             else:

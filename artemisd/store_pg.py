@@ -165,8 +165,12 @@ _RECORD_COLS = 'seq, job, "window", node, received, uid, root, body'
 # records() replays by) whatever order nextval ran in.  A job named by several
 # rows is upserted once (ON CONFLICT may not touch a row twice).  The arrays
 # go in binary: in text, every quote of a JSON body would be escaped in Python.
+_UNDER_RECORDS_LOCK = "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
+# A stored row's job: seen now, and its newest window kept (a node event, without one, keeps it).
+_JOB_SEEN = ("ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
+             "last_window = COALESCE(excluded.last_window, jobs.last_window)")
 _ADD_RECORDS = (
-    "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
+    _UNDER_RECORDS_LOCK +
     "seqs AS MATERIALIZED (SELECT row_number() OVER (ORDER BY seq) AS n, seq FROM "
     "(SELECT nextval(pg_get_serial_sequence('records', 'seq')) AS seq FROM lock, generate_series(1, %s)) drawn), "
     "new AS (INSERT INTO records(" + _RECORD_COLS + ", items) "
@@ -176,20 +180,18 @@ _ADD_RECORDS = (
     'JOIN seqs USING (n) RETURNING seq, job, received, "window"), '
     "seen AS (INSERT INTO jobs(job, first_seen, last_seen, last_window) "
     'SELECT job, MAX(received), MAX(received), MAX("window") FROM new WHERE job IS NOT NULL GROUP BY job '
-    "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-    "last_window = COALESCE(excluded.last_window, jobs.last_window)) "
+    + _JOB_SEEN + ") "
     "SELECT seq FROM new ORDER BY seq")
 # The same for one row (a request alone, as nearly every request is where the
 # daemon is not loaded): half PostgreSQL's CPU of the general statement.
 _ADD_ONE_RECORD = (
-    "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
+    _UNDER_RECORDS_LOCK +
     "new AS (INSERT INTO records(" + _RECORD_COLS + ", items) "
     "SELECT nextval(pg_get_serial_sequence('records', 'seq')), %s::text, %s::bigint, %s::text, "
     "%s::double precision, %s::bigint, %s::integer, %s::text, %s::integer FROM lock "
     'RETURNING seq, job, received, "window"), '
     'seen AS (INSERT INTO jobs(job, first_seen, last_seen, last_window) SELECT job, received, received, "window" '
-    "FROM new WHERE job IS NOT NULL ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-    "last_window = COALESCE(excluded.last_window, jobs.last_window)) "
+    "FROM new WHERE job IS NOT NULL " + _JOB_SEEN + ") "
     "SELECT seq FROM new")
 _QUARANTINE_UPSERT = ("ON CONFLICT(seq, item) DO UPDATE SET job = excluded.job, \"window\" = excluded.\"window\", "
                       "node = excluded.node, received = excluded.received, uid = excluded.uid, root = excluded.root, "
