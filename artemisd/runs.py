@@ -9,6 +9,7 @@ from that key, so none of them re-derives a restart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -73,6 +74,35 @@ class JobRun:
         self.saw_window(number, seq, t0, t1)
         return number, started
 
+    def take_together(self, ranks: Sequence[int], seq: int, t0s: Sequence[float], t1s: Sequence[float]
+                      ) -> int | None:
+        """Reports of ``ranks`` (in order, one each) for one window ``seq``, the i-th spanning
+        ``t0s[i]``..``t1s[i]``: the run every one of them belongs to, exactly as ``take`` one report at a
+        time would say, in one pass over plain lists.  None, with nothing taken, where one of them may
+        need ``take``'s rule of its own: a rank already past ``seq`` in this run (a late report, or
+        one that starts a run), or a window that may have ended before this run began.
+
+        A job's ranks end a window together, so a sender's batch is one window of many ranks: the
+        ingest path calls this once per batch rather than ``take`` per report.
+        """
+        number = self.number
+        starts = [t0 - seq * (t1 - t0 if t1 > t0 else 0.0) for t0, t1 in zip(t0s, t1s)]
+        if not starts:
+            return number
+        if number:
+            # ``take`` compares each window's end with the run's start as it stands at that report.
+            # The start only moves down as reports arrive, from where it is (or, unknown yet, from
+            # the first report's): a window that ends after that needs no other rule.
+            began = self.began.get(number)
+            if min(t1s) <= (starts[0] if began is None else began):
+                return None
+        newest = self.newest
+        if any(own > seq for own in map(newest.get, ranks) if own is not None):
+            return None
+        newest.update(dict.fromkeys(ranks, seq))
+        self._began_by(number, min(starts))
+        return number
+
     def run_at(self, t1: float) -> int:
         """The run a window that ended at ``t1`` belongs to: the newest one that had begun by then.  The
         current run unless it is known to have begun after ``t1`` (a window of a run older than every
@@ -89,7 +119,9 @@ class JobRun:
         windows before ``t0``."""
         if t0 is None or t1 is None:
             return
-        start = t0 - seq * (t1 - t0 if t1 > t0 else 0.0)
+        self._began_by(number, t0 - seq * (t1 - t0 if t1 > t0 else 0.0))
+
+    def _began_by(self, number: int, start: float) -> None:
         known = self.began.get(number)
         if known is None:
             self.began[number] = start

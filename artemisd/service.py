@@ -530,8 +530,9 @@ class Daemon:
         places: list[list[tuple[int, WindowReport | NodeEvent, int]]] = []  # + the submission it came in
         for n, (sub, result) in enumerate(zip(submissions, results)):
             try:
-                kept = self._kept(sub, result)
-                sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result)
+                kept, one_batch = self._kept(sub, result)
+                sub_rows, sub_places = self._rows(kept, len(sub.records), sub.body, now, sub.principal, result,
+                                                  one_batch)
             except Exception as err:  # noqa: BLE001 - one request's failure never fails the others of its group
                 reason = self._unforeseen("storing", err)
                 refused = {r["index"] for r in result.rejected}
@@ -561,7 +562,7 @@ class Daemon:
         failed: list[tuple[int, str]] = []
         failed_items: list[tuple[int, int, str]] = []
         for row, seq, members in zip(rows, seqs, places):
-            if seq is None:
+            if seq is None or (not leading and row[7] and self._received_together(row[0], members, steps, taken)):
                 continue
             for item, (index, rec, n) in enumerate(members):
                 try:
@@ -602,16 +603,27 @@ class Daemon:
                     self._unforeseen("reading the directives of", err)
         return results
 
-    def _kept(self, sub: ingest.Submission, result: IngestResult) -> list[tuple[int, WindowReport | NodeEvent, bool]]:
+    def _kept(self, sub: ingest.Submission, result: IngestResult
+              ) -> tuple[list[tuple[int, WindowReport | NodeEvent, bool]], tuple[str, int] | None]:
         """A request's records that its sender may send, each under its run, and whether it is as sent
-        (so its text is the body's); the others refused in ``result``."""
-        kept: list[tuple[int, WindowReport | NodeEvent, bool]] = []
+        (so its text is the body's); the others refused in ``result``.  With them, the (job, window) of
+        all of them where they are known to be one window's reports, every one as sent."""
         principal = sub.principal
+        owned: list[tuple[int, WindowReport | NodeEvent]] = []
         for index, rec in sub.records:
             problem = None if principal.root_side else ingest.ownership_problem(rec, principal, sub.jobs)
             if problem:
                 result.rejected.append({"index": index, "error": problem})
-                continue
+            else:
+                owned.append((index, rec))
+        as_sent = sub.body is not None
+        together = self._runs_together(owned)
+        if together is not None:
+            kept = [(index, rec, as_sent and rec is sent) for (index, sent), rec in zip(owned, together)]
+            one = (together[0].job, together[0].window.seq) if as_sent and together[0] is owned[0][1] else None
+            return kept, one
+        kept = []
+        for index, rec in owned:
             try:
                 sent = rec
                 if rec.type == "window":
@@ -619,8 +631,36 @@ class Daemon:
             except Exception as err:  # noqa: BLE001 - one item's failure never drops the others
                 result.rejected.append({"index": index, "error": self._unforeseen("storing", err)})
                 continue
-            kept.append((index, rec, sub.body is not None and rec is sent))
-        return kept
+            kept.append((index, rec, as_sent and rec is sent))
+        return kept, None
+
+    def _runs_together(self, records: list[tuple[int, WindowReport | NodeEvent]]) -> list[WindowReport] | None:
+        """A request's window reports of one job step and window, each under its run, as ``_run_of``
+        one by one would give them, taken in one pass (``JobRun.take_together``): a sender's batch is
+        one window of its ranks.  None where they go one by one (anything else, or a report that
+        needs the run rule of its own), nothing taken."""
+        if not records or records[0][1].type != "window":
+            return None
+        first = records[0][1]
+        job, step, seq = first.job, first.step, first.window.seq
+        if any(rec.type != "window" or rec.window.seq != seq or rec.step != step or rec.job != job
+               for _, rec in records):
+            return None
+        try:
+            base = split_run(step)[0]
+            run = self._runs.get((job, base)) or self._set_run(job, base, JobRun())
+            spans = [rec.window for _, rec in records]
+            number = run.take_together([rec.rank for _, rec in records], seq,
+                                       [span.t0 for span in spans], [span.t1 for span in spans])
+        except Exception as err:  # noqa: BLE001 - one by one instead, each under its own guard
+            self._unforeseen("storing", err)
+            return None
+        if number is None:
+            return None
+        if number == 0:
+            return [rec for _, rec in records]
+        key = run_key(base, number)
+        return [with_step(rec, key) for _, rec in records]
 
     def _directives(self, job: str, step: str, now: float) -> list[dict[str, Any]]:
         """The live directives of a job step, read at most once per ``DIRECTIVES_FRESH_S``: a node's
@@ -655,6 +695,20 @@ class Daemon:
                 if rec.probe.cost_ms:
                     self.metrics.probe_cost_ms.inc(rec.probe.cost_ms)
 
+    def _received_together(self, job: str, members: list[tuple[int, WindowReport, int]],
+                           steps: list[set[tuple[str, str]]], taken: list[list[WindowReport | NodeEvent]]) -> bool:
+        """A stored batch row's window reports (all of ``job``; ``(index, record, submission)``) on an
+        instance that does not analyse them: what ``_received`` keeps of each, the steps to send
+        directives to, for the row at once.  False, nothing kept, where one of them holds a matched
+        probe's result: those go one by one."""
+        if [rec.probe for _, rec, _ in members].count(None) != len(members):
+            return False
+        for n, step in {(n, rec.step) for _, rec, n in members}:
+            steps[n].add((job, split_run(step)[0]))
+        for _, rec, n in members:
+            taken[n].append(rec)
+        return True
+
     def _analyse(self, rec: WindowReport | NodeEvent, now: float) -> None:
         """One stored record to the leader's analyzer, its incidents published."""
         self._remember(rec)
@@ -675,18 +729,22 @@ class Daemon:
                 self._unforeseen(stage, err)
 
     def _rows(self, kept: list[tuple[int, WindowReport | NodeEvent, bool]], sent: int, body: bytes | None,
-              now: float, principal: Principal, result: IngestResult
+              now: float, principal: Principal, result: IngestResult, one_batch: tuple[str, int] | None = None
               ) -> tuple[list[tuple], list[list[tuple[int, WindowReport | NodeEvent]]]]:
         """The rows that store ``kept``, and each row's records in order.
 
         A run of window reports kept as sent, of one job and window, is one
         batch row (``items`` n): the body itself where it is all of them, else
         their own texts joined.  Any other record is a row of its own.
+        ``one_batch``: the (job, window) of every record of ``kept`` where the
+        caller knows they are one such run.
         """
         rows: list[tuple] = []
         places: list[list[tuple[int, WindowReport | NodeEvent]]] = []
         texts: list[str] | None = None
-        for batch, group in groupby(kept, key=lambda k: (k[1].job, k[1].window.seq) if k[2] else None):
+        groups = ([(one_batch, kept)] if one_batch is not None and kept else
+                  groupby(kept, key=lambda k: (k[1].job, k[1].window.seq) if k[2] else None))
+        for batch, group in groups:
             if batch is not None:
                 members = [(index, rec) for index, rec, _ in group]
                 nodes = {rec.node for _, rec in members}

@@ -19,6 +19,7 @@ import pytest
 
 from artemisd.auth import TRUSTED_LOCAL
 from artemisd.lease import Lease, next_lease, released
+from artemisd.wire import ProbeResult
 from tests.unit.test_server import (HEALTHY, HOT, NODES, SLOW_BUSY, Clock, Harness, body, cluster,
                                     hot_gpu_confirmed, run)
 from tests.unit.test_store_contract import pg_server  # noqa: F401 - the fixture
@@ -210,6 +211,28 @@ def test_any_instance_takes_reports_and_the_leader_alone_analyses_them(pg_server
             assert b.daemon.analyzer.throughput("100", "0") == a.daemon.analyzer.throughput("100", "0")
             assert len(a.daemon.analyzer.throughput("100", "0")) == 12
             assert b.daemon.store.record_count() == 12 * 8 + 1
+    run(scenario)
+
+
+def test_a_standby_answers_with_the_steps_directives_and_counts_the_probe_results_it_stores(pg_server, tmp_path):  # noqa: F811
+    """A standby takes a window's reports as one batch row, not report by report: its reply still
+    carries the job step's live directives, and a matched probe's results sent to it are counted
+    against the probe, as the leader counts them."""
+    async def scenario():
+        async with leader_and_standby(pg_server, tmp_path, "standby_replies") as (a, b, _):
+            now = a.clock.now
+            probe = {"type": "probe", "id": "PRB-40", "job": "100", "step": "0"}
+            a.daemon._add_directive("PRB-40", "probe", "100", "0", None, probe, now, now + 600)
+            await asyncio.sleep(1.1)  # past DIRECTIVES_FRESH_S: the standby may have read the step before
+            [reply] = await b.windows(range(0, 1), HEALTHY)
+            assert reply["accepted"] == len(HEALTHY) and reply["directives"] == [probe]
+            result = ProbeResult(id="PRB-40", gemm_ms=2.0, cost_ms=3.0)
+            answered = [r.model_copy(update={"probe": result}) for r in lockstep(1, HEALTHY, nodes=NODES)]
+            reply = await b.post(answered)
+            assert reply["accepted"] == len(HEALTHY) and reply["directives"] == [probe]
+            [cost] = a.daemon.store.probe_costs()
+            assert (cost["id"], cost["ranks_reported"], cost["cost_ms"]) == ("PRB-40", len(HEALTHY), 3.0 * len(HEALTHY))
+            assert b.daemon.role == "standby" and b.daemon.store.record_count() == 2 * len(HEALTHY)
     run(scenario)
 
 

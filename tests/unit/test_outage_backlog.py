@@ -73,6 +73,49 @@ def test_a_run_remembers_the_start_of_a_bounded_number_of_runs():
     assert run.run_at(1.0) == run.number - RUNS_REMEMBERED  # older than every run it remembers
 
 
+def _take_one_by_one(run: JobRun, batch: list[tuple[int, int, float, float]]) -> list[int]:
+    return [run.take(rank, seq, t0, t1)[0] for rank, seq, t0, t1 in batch]
+
+
+def test_a_window_taken_together_is_taken_as_report_by_report_or_not_at_all():
+    """``take_together`` answers a batch of one window as ``take`` per report does, leaving the same
+    state, or declines and leaves the state untouched (the caller then takes it report by report)."""
+    rng = random.Random(11)
+    declined = taken = 0
+    for trial in range(300):
+        together, alone = JobRun(), JobRun()
+        clock = 1000.0
+        for _ in range(rng.randrange(1, 25)):
+            seq = rng.choice([rng.randrange(0, 12), rng.randrange(0, 3)])
+            clock += rng.choice([10.0, 10.0, 10.0, 200.0, -400.0])
+            ranks = rng.sample(range(6), rng.randrange(0, 6)) + rng.choice([[], [0]])  # a retry sends a rank twice
+            batch = [(rank, seq, clock + rng.uniform(-3, 3), clock + 10.0 + rng.uniform(-3, 3)) for rank in ranks]
+            before = (together.number, dict(together.newest), dict(together.began))
+            number = together.take_together([b[0] for b in batch], seq, [b[2] for b in batch], [b[3] for b in batch])
+            expected = _take_one_by_one(alone, batch)
+            if number is None:
+                declined += 1
+                assert (together.number, together.newest, together.began) == before, trial
+                assert _take_one_by_one(together, batch) == expected, trial
+            else:
+                taken += 1
+                assert expected == [number] * len(batch), trial
+            assert (together.number, together.newest, together.began) == (alone.number, alone.newest,
+                                                                          alone.began), trial
+    assert taken > 500 and declined > 500  # both ways were exercised
+
+
+def test_lockstep_windows_and_their_retries_are_taken_together():
+    run = JobRun()
+    for seq in range(30):
+        t0 = 1000.0 + 10.0 * seq
+        for _ in range(2):  # the second: a batch sent again, its answer lost
+            assert run.take_together(list(range(64)), seq, [t0] * 64, [t0 + 10.0] * 64) == 0
+    t0 = 1000.0 + 10.0 * 40  # requeued: the first report of the new run goes alone, the rest together
+    assert run.take(0, 0, t0, t0 + 10.0) == (1, True)
+    assert run.take_together(list(range(1, 64)), 0, [t0] * 63, [t0 + 10.0] * 63) == 1
+
+
 def daemon(state) -> Daemon:
     config = parse_config_text(f"StateDir={state}\nAuthType=none\n")
     return Daemon(config, CliSlurm(timeout=2, env={"SLURM_CONF": "/nonexistent", "PATH": os.environ["PATH"]}))

@@ -860,10 +860,10 @@ def test_one_requests_unforeseen_failure_refuses_its_own_records_not_its_groups(
             root = Principal(uid=0, gid=0, root_side=True, admin=True)
             real = h.daemon._rows
 
-            def failing(kept, sent, body, now, principal, result):
+            def failing(kept, *rest):
                 if kept and kept[0][1].window.seq == 1:
                     raise KeyError("injected")
-                return real(kept, sent, body, now, principal, result)
+                return real(kept, *rest)
             h.daemon._rows = failing
             subs = [Submission(fast_records(body(lockstep(seq, HEALTHY, nodes=NODES)), 100_000), root)
                     for seq in range(3)]
