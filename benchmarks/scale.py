@@ -25,9 +25,12 @@ as CPU seconds per 100,000 reports:
   cost, and the work of a takeover, which follows the last turn's records;
 * **restore**: a daemon started on that database (``Daemon.restore``, as after
   a restart of every instance);
-* **standby accept** and **leader analyses it**: the same windows posted to
-  the standby of a second pair (any instance takes reports): its ``accept``
-  (validated bodies checked, stored, nothing analysed), then the leader's
+* **standby read**, **standby accept**, **standby postgresql** and **leader
+  analyses it**: the same windows posted to the standby of a second pair
+  (any instance takes reports): its read, its ``accept`` (validated bodies
+  checked, stored, nothing analysed) and the PostgreSQL server's CPU over
+  that accept (their sum, printed last, is what a window costs before any
+  analysis: issue 12's ingest target), then the leader's
   turn (``Daemon.follow``: read back, decode, analyse, publish).  Read
   against **accept**, it is the leader's CPU a standby takes off it;
 * **front door** (``--door-ranks``, 4,096 by default; 0 skips it): a real
@@ -223,14 +226,18 @@ def split_analysis(pg: PgServer, secret: Path, bodies: list[list[bytes]], ranks:
     leader = daemon(url, secret, "127.0.0.1:7711", ranks)
     standby = daemon(url, secret, "127.0.0.1:7712", ranks)
     assert (leader.role, standby.role) == ("leader", "standby")
-    out = {"standby_accept": 0.0, "leader_analyses_it": 0.0}
+    out = {"standby_read": 0.0, "standby_accept": 0.0, "standby_postgresql": 0.0, "leader_analyses_it": 0.0}
     for window_bodies in bodies:
+        start = time.process_time()
         batches = [read(standby, body) for body in window_bodies]
+        out["standby_read"] += time.process_time() - start
+        pg_before = server_cpu_s(pg)
         start = time.process_time()
         for records, rejected, fast_body in batches:
             result = standby.accept(records, TRUSTED_LOCAL, {}, rejected, fast_body)
             assert not result.rejected and result.accepted == len(records), result.rejected[:3]
         out["standby_accept"] += time.process_time() - start
+        out["standby_postgresql"] += server_cpu_s(pg) - pg_before
         del batches
         start = time.process_time()
         fed = leader.follow()
@@ -398,6 +405,9 @@ def main() -> int:
     print(f"{'':24}{'CPU s':>10}{'per 100k reports':>20}{'reports/CPU-s':>16}")
     for key, value in per_100k.items():
         print(f"{key:24}{got[key]:10.2f}{value:20.2f}{counted[key] / got[key] if got[key] else float('inf'):16,.0f}")
+    stored = sum(per_100k[k] for k in ("standby_read", "standby_accept", "standby_postgresql"))
+    print(f"\na {100_000:,}-rank window read, validated and stored, before any analysis (standby_read + "
+          f"standby_accept + standby_postgresql): {stored:.2f} CPU-s")
     defaults = parse_config_text("").daemon
     keep, idle = defaults.history_windows_kept, defaults.idle_timeout
     print(f"\nsizing (linear in reports; HistoryWindowsKept={keep}; requests on kept-alive connections where "
