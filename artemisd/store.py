@@ -342,6 +342,9 @@ class StoredIncident:
     updated: float
 
 
+# How a stored row moves its job's last_seen and newest window, in both backends' insert of records.
+JOB_SEEN = ("ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
+            "last_window = COALESCE(excluded.last_window, jobs.last_window)")
 _INCIDENT_COLS = ("id, job, step, state, subject, analyzer_id, plan_step, action_window, baseline, decide, "
                   "body, created, updated")
 # One upsert for both backends (SQLite's and PostgreSQL's ON CONFLICT agree); "?" is SQLite's
@@ -561,9 +564,7 @@ class Store:
                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", map(with_items, rows))
             # One writer inside BEGIN IMMEDIATE: AUTOINCREMENT hands out consecutive numbers.
             last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-            db.executemany("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) "
-                           "ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-                           "last_window = COALESCE(excluded.last_window, last_window)",
+            db.executemany("INSERT INTO jobs(job, first_seen, last_seen, last_window) VALUES (?, ?, ?, ?) " + JOB_SEEN,
                            [(job, t, t, w) for job, (t, w) in seen.items()])
         return list(range(last - len(rows) + 1, last + 1))
 

@@ -34,6 +34,7 @@ from artemisd.store import (
     _INCIDENT_COLS,
     _QUARANTINE_COLS,
     ACTION_OPEN,
+    JOB_SEEN,
     QUARANTINE_KEPT,
     RECENT_WINDOWS_FROM,
     SEQ_MAX,
@@ -167,8 +168,6 @@ _RECORD_COLS = 'seq, job, "window", node, received, uid, root, body'
 # go in binary: in text, every quote of a JSON body would be escaped in Python.
 _UNDER_RECORDS_LOCK = "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s)), "
 # A stored row's job: seen now, and its newest window kept (a node event, without one, keeps it).
-_JOB_SEEN = ("ON CONFLICT(job) DO UPDATE SET last_seen = excluded.last_seen, "
-             "last_window = COALESCE(excluded.last_window, jobs.last_window)")
 _ADD_RECORDS = (
     _UNDER_RECORDS_LOCK +
     "seqs AS MATERIALIZED (SELECT row_number() OVER (ORDER BY seq) AS n, seq FROM "
@@ -180,7 +179,7 @@ _ADD_RECORDS = (
     'JOIN seqs USING (n) RETURNING seq, job, received, "window"), '
     "seen AS (INSERT INTO jobs(job, first_seen, last_seen, last_window) "
     'SELECT job, MAX(received), MAX(received), MAX("window") FROM new WHERE job IS NOT NULL GROUP BY job '
-    + _JOB_SEEN + ") "
+    + JOB_SEEN + ") "
     "SELECT seq FROM new ORDER BY seq")
 # The same for one row (a request alone, as nearly every request is where the
 # daemon is not loaded): half PostgreSQL's CPU of the general statement.
@@ -191,7 +190,7 @@ _ADD_ONE_RECORD = (
     "%s::double precision, %s::bigint, %s::integer, %s::text, %s::integer FROM lock "
     'RETURNING seq, job, received, "window"), '
     'seen AS (INSERT INTO jobs(job, first_seen, last_seen, last_window) SELECT job, received, received, "window" '
-    "FROM new WHERE job IS NOT NULL " + _JOB_SEEN + ") "
+    "FROM new WHERE job IS NOT NULL " + JOB_SEEN + ") "
     "SELECT seq FROM new")
 _QUARANTINE_UPSERT = ("ON CONFLICT(seq, item) DO UPDATE SET job = excluded.job, \"window\" = excluded.\"window\", "
                       "node = excluded.node, received = excluded.received, uid = excluded.uid, root = excluded.root, "
