@@ -562,7 +562,9 @@ class Daemon:
         failed: list[tuple[int, str]] = []
         failed_items: list[tuple[int, int, str]] = []
         for row, seq, members in zip(rows, seqs, places):
-            if seq is None or (not leading and row[7] and self._received_together(row[0], members, steps, taken)):
+            if seq is None:
+                continue
+            if not leading and row[7] and self._received_together(row[0], members, steps, taken):
                 continue
             for item, (index, rec, n) in enumerate(members):
                 try:
@@ -647,8 +649,7 @@ class Daemon:
                for _, rec in records):
             return None
         try:
-            base = split_run(step)[0]
-            run = self._runs.get((job, base)) or self._set_run(job, base, JobRun())
+            base, run = self._run_for(job, step)
             spans = [rec.window for _, rec in records]
             number = run.take_together([rec.rank for _, rec in records], seq,
                                        [span.t0 for span in spans], [span.t1 for span in spans])
@@ -803,13 +804,17 @@ class Daemon:
         a restart of the daemon replays it the same way).  Incidents verifying on
         the old run continue on the new one: its windows all come after the action.
         """
-        base = split_run(rec.step)[0]
-        run = self._runs.get((rec.job, base)) or self._set_run(rec.job, base, JobRun())
+        base, run = self._run_for(rec.job, rec.step)
         span = rec.window
         number, started = run.take(rec.rank, span.seq, span.t0, span.t1)
         if started:
             self._restarted(rec.job, run_key(base, number - 1), run_key(base, number))
         return rec if number == 0 else with_step(rec, run_key(base, number))
+
+    def _run_for(self, job: str, step: str) -> tuple[str, JobRun]:
+        """The base step name of ``step`` and its job step's latest run (a first run if none is known)."""
+        base = split_run(step)[0]
+        return base, self._runs.get((job, base)) or self._set_run(job, base, JobRun())
 
     def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
         if (job, base) not in self._runs:
