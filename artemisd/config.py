@@ -8,17 +8,23 @@ the including file) reads another file in place.  Lines whose first key is a
 ``BLOCK_KEYS``.
 
 Every unknown key and every bad value raises ``ConfigError`` naming the file,
-line and key.  The schema lives in pydantic models; ``KEYS`` maps each
-``artemis.conf`` key to the model field it sets, so there is exactly one table
-to extend when a key is added (and docs/artemis.conf.5.md documents each).
+line and key.  The daemon reads with ``secure=True``: a file (or an included
+one) that anyone but root or the daemon's own user could have written is
+refused, as munged and slurmctld refuse theirs (``check_config_file_secure``).
+The schema lives in pydantic models; ``KEYS`` maps each ``artemis.conf`` key
+to the model field it sets, so there is exactly one table to extend when a
+key is added (and docs/artemis.conf.5.md documents each).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import glob
+import ipaddress
+import os
 import re
 import shlex
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,13 +83,61 @@ def _split_pairs(text: str, file: str, number: int) -> list[Setting]:
     return pairs
 
 
-def read_lines(path: str | Path, _depth: int = 0) -> list[ConfLine]:
-    """Tokenise a file and its Includes into lines of settings, in order."""
+def check_config_file_secure(path: str | Path, euid: int | None = None, st: os.stat_result | None = None) -> None:
+    """Refuse (``ConfigError`` naming ``path``) a file that someone other than root or ``euid``
+    (default: this process's) could have written or replaced.
+
+    The file must not be group- or world-writable and must be owned by root or
+    ``euid``; its directory (and, for a symbolic link, the directory of the file
+    it reaches) must not be group- or world-writable unless sticky, nor owned by
+    another user: whoever may write a directory may rename the file away and put
+    their own in its place.  ``st``: the file's ``fstat``, where the caller holds
+    it open, so that the file checked is the file read.
+    """
+    path = Path(path)
+    euid = os.geteuid() if euid is None else euid
+    trusted = (0, euid)
+    if st is None:
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise ConfigError(path, None, None, f"cannot read: {err.strerror}") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        raise ConfigError(path, None, None, f"mode {mode:04o} lets group or others write it: chmod go-w it "
+                                            f"(artemisd refuses a configuration others could change)")
+    if st.st_uid not in trusted:
+        raise ConfigError(path, None, None, f"owned by uid {st.st_uid}, neither root nor the daemon's user "
+                                            f"(uid {euid}), who could change it: chown it to root")
+    directories = [path.absolute().parent]
+    resolved = Path(os.path.realpath(path)).parent
+    if resolved != directories[0]:
+        directories.append(resolved)
+    for directory in directories:
+        try:
+            dst = os.stat(directory)
+        except OSError as err:
+            raise ConfigError(path, None, None, f"cannot read its directory {directory}: {err.strerror}") from None
+        dmode = stat.S_IMODE(dst.st_mode)
+        if dmode & 0o022 and not dmode & stat.S_ISVTX:
+            raise ConfigError(path, None, None, f"its directory {directory} (mode {dmode:04o}) lets group or others "
+                                                f"replace it: chmod go-w the directory")
+        if dst.st_uid not in trusted:
+            raise ConfigError(path, None, None, f"its directory {directory} is owned by uid {dst.st_uid}, neither "
+                                                f"root nor the daemon's user (uid {euid}), who could replace it")
+
+
+def read_lines(path: str | Path, _depth: int = 0, *, secure: bool = False) -> list[ConfLine]:
+    """Tokenise a file and its Includes into lines of settings, in order; ``secure``: each file
+    must pass ``check_config_file_secure`` first."""
     path = Path(path)
     if _depth > MAX_INCLUDE_DEPTH:
         raise ConfigError(path, None, "Include", f"nested deeper than {MAX_INCLUDE_DEPTH} (a loop?)")
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            if secure:
+                check_config_file_secure(path, st=os.fstat(f.fileno()))
+            text = f.read()
     except OSError as err:
         raise ConfigError(path, None, None, f"cannot read: {err.strerror}") from None
     lines: list[ConfLine] = []
@@ -101,7 +155,7 @@ def read_lines(path: str | Path, _depth: int = 0) -> list[ConfLine]:
             if not matches and not glob.has_magic(pattern):
                 raise ConfigError(path, number, "Include", f"{pattern}: no such file")
             for match in matches:
-                lines.extend(read_lines(match, _depth + 1))
+                lines.extend(read_lines(match, _depth + 1, secure=secure))
             continue
         lines.append(ConfLine(_split_pairs(stripped, str(path), number)))
     return lines
@@ -117,6 +171,19 @@ def parse_bool(value: str) -> bool:
 
 
 # --- schema ---------------------------------------------------------------
+
+
+class CrossKeyError(ValueError):
+    """A check across fields of one model; ``fields`` name the ones to blame, most to blame first.
+
+    A model-level error has no location of its own (pydantic's ``loc`` is
+    empty): without these the error would name whichever key happened to be
+    given last.  ``build_config`` names the first of ``fields`` the file sets.
+    """
+
+    def __init__(self, reason: str, *fields: str):
+        super().__init__(reason)
+        self.fields = fields
 
 
 class _Section(BaseModel):
@@ -218,7 +285,9 @@ class DaemonSettings(_Section):
     lease_time: Seconds = Field(default=15.0, ge=1.0, le=3600.0)
     slurm_backend: Literal["cli", "pyslurm"] = "cli"
     slurm_timeout: Seconds = 30.0
+    slurm_read_workers: int = Field(default=4, ge=1, le=64)
     auth_type: Literal["munge", "none"] = "munge"
+    read_auth: Literal["open", "required"] = "open"
     munge_socket: str | None = None
     slurm_user: str = "slurm"
     admin_uids: UidList = ()
@@ -248,35 +317,83 @@ class DaemonSettings(_Section):
     read_timeout: Seconds = Field(default=30.0, gt=0, le=3600)
     idle_timeout: Seconds = Field(default=15.0, gt=0, le=3600)
     max_connections: int = Field(default=4096, ge=8, le=1_000_000)
+    # None: derived from MaxBodyMemory (body_memory_per_user).
+    max_body_memory_per_user: Bytes | None = Field(default=None, ge=64 << 10, le=16 << 30)
+    # 64 KiB/s is over a thousand times below what any cluster network carries per
+    # connection, even with thousands of ranks posting through one NIC at once; 5 s
+    # is several TCP retransmissions and a descheduled sender on a loaded node.
+    min_body_rate: Bytes = Field(default=64 << 10, ge=0, le=1 << 30)
+    body_grace: Seconds = Field(default=5.0, gt=0, le=3600)
+
+    @property
+    def body_memory_per_user(self) -> int:
+        """MaxBodyMemoryPerUser, or by default a quarter of MaxBodyMemory: no one user can fill it,
+        and one largest body always fits."""
+        if self.max_body_memory_per_user is not None:
+            return self.max_body_memory_per_user
+        return max(self.max_body_size, self.max_body_memory // 4)
 
     @model_validator(mode="after")
     def _body_fits_memory(self) -> DaemonSettings:
         if self.max_body_memory < self.max_body_size:
-            raise ValueError(f"MaxBodyMemory ({self.max_body_memory} bytes) must be at least "
-                             f"MaxBodySize ({self.max_body_size} bytes): one largest body must fit")
+            raise CrossKeyError(f"MaxBodyMemory ({self.max_body_memory} bytes) must be at least "
+                                f"MaxBodySize ({self.max_body_size} bytes): one largest body must fit",
+                                "max_body_memory", "max_body_size")
+        per_user = self.max_body_memory_per_user
+        if per_user is not None and not self.max_body_size <= per_user <= self.max_body_memory:
+            raise CrossKeyError(f"MaxBodyMemoryPerUser ({per_user} bytes) must be at least MaxBodySize "
+                                f"({self.max_body_size} bytes), so one largest body fits, and at most "
+                                f"MaxBodyMemory ({self.max_body_memory} bytes)", "max_body_memory_per_user")
+        return self
+
+    @model_validator(mode="after")
+    def _body_rate(self) -> DaemonSettings:
+        if 0 < self.min_body_rate < 1024:
+            raise CrossKeyError(f"MinBodyRate ({self.min_body_rate} bytes/s) must be 0 (off: ReadTimeout alone) "
+                                "or at least 1K", "min_body_rate")
+        # Only when set: the default grace is simply capped by a shorter ReadTimeout.
+        if "body_grace" in self.model_fields_set and self.body_grace > self.read_timeout:
+            raise CrossKeyError(f"BodyGrace ({self.body_grace:g} s) must not exceed ReadTimeout "
+                                f"({self.read_timeout:g} s), which caps every body", "body_grace", "read_timeout")
         return self
 
     @model_validator(mode="after")
     def _state_url(self) -> DaemonSettings:
         if self.state_url is None:
             if self.state_password_file is not None:
-                raise ValueError("StatePasswordFile is the password of StateURL, which is not set")
+                raise CrossKeyError("StatePasswordFile is the password of StateURL, which is not set",
+                                    "state_password_file")
             return self
         url = urlsplit(self.state_url)
         if url.scheme not in ("postgresql", "postgres") or not url.path.strip("/"):
-            raise ValueError("StateURL must be postgresql://[USER@]HOST[:PORT]/DATABASE[?OPTIONS]")
+            raise CrossKeyError("StateURL must be postgresql://[USER@]HOST[:PORT]/DATABASE[?OPTIONS]", "state_url")
         # artemis.conf is world-readable, and a URL ends up in logs and process lists.
         if url.password is not None or "password" in {k.lower() for k in parse_qs(url.query)}:
-            raise ValueError("StateURL must not hold the password: put it in StatePasswordFile (mode 600)")
+            raise CrossKeyError("StateURL must not hold the password: put it in StatePasswordFile (mode 600)",
+                                "state_url")
         return self
 
     @model_validator(mode="after")
     def _loopback_for_none(self) -> DaemonSettings:
-        host = self.listen.rpartition(":")[0].strip("[]")
-        if self.auth_type == "none" and host not in ("127.0.0.1", "localhost", "::1") \
-                and not host.startswith("127."):
-            raise ValueError("auth_type=none is only allowed with a loopback Listen address")
+        # Every caller is trusted as root: only this host may call.  An address, not a
+        # name: "localhost" or "127.example.org" resolve to whatever the resolver says.
+        if self.auth_type == "none" and not _is_loopback_address(self.listen.rpartition(":")[0].strip("[]")):
+            raise CrossKeyError(f"AuthType=none is only allowed with a loopback IP address in Listen "
+                                f"(127.0.0.0/8 or [::1]), not {self.listen!r}", "auth_type", "listen")
         return self
+
+
+def _is_loopback_address(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # Not IPv6Address.is_loopback: from Python 3.13 it also takes ::ffff:127.0.0.1.
+    return address in _LOOPBACK_V4 if address.version == 4 else address == _LOOPBACK_V6
+
+
+_LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+_LOOPBACK_V6 = ipaddress.ip_address("::1")
 
 
 class MailSettings(_Section):
@@ -331,7 +448,7 @@ class PartitionPolicy(_Section):
     def _disjoint(self) -> PartitionPolicy:
         both = set(self.auto) & set(self.approve)
         if both:
-            raise ValueError(f"{', '.join(sorted(both))} listed in both Auto and Approve")
+            raise CrossKeyError(f"{', '.join(sorted(both))} listed in both Auto and Approve", "approve", "auto")
         return self
 
 
@@ -389,6 +506,10 @@ KEYS: dict[str, KeySpec] = {
                          "how long the leader's lease lasts unrenewed: a standby takes over within this plus a turn"),
     "SlurmBackend": KeySpec("daemon", "slurm_backend", "cli (scontrol/sinfo/squeue/sacct) or pyslurm"),
     "SlurmTimeout": KeySpec("daemon", "slurm_timeout", "timeout of one Slurm command"),
+    "SlurmReadWorkers": KeySpec("daemon", "slurm_read_workers",
+                                "Slurm reads at once for the jobs users' reports name (squeue/sacct); restart to change"),
+    "ReadAuth": KeySpec("daemon", "read_auth",
+                        "open: anyone reads incidents; required: a munge credential, and users read their own jobs'"),
     "AuthType": KeySpec("daemon", "auth_type", "munge, or none (loopback Listen only)"),
     "MungeSocket": KeySpec("daemon", "munge_socket", "munged socket (default: munge's own)"),
     "SlurmUser": KeySpec("daemon", "slurm_user", "user whose credentials count as root-side"),
@@ -423,7 +544,15 @@ KEYS: dict[str, KeySpec] = {
     "MaxBodyMemory": KeySpec("daemon", "max_body_memory", "request bodies buffered at once, all clients (503 beyond)"),
     "ReadTimeout": KeySpec("daemon", "read_timeout", "time a client has to send a request body (408 after)"),
     "IdleTimeout": KeySpec("daemon", "idle_timeout", "a connection without a complete request head for this long is closed"),
-    "MaxConnections": KeySpec("daemon", "max_connections", "open client connections; idle ones are closed, then 503"),
+    "MaxConnections": KeySpec("daemon", "max_connections",
+                              "open client connections; idle ones are closed, then a slow upload of the user "
+                              "over its share, then 503"),
+    "MaxBodyMemoryPerUser": KeySpec("daemon", "max_body_memory_per_user",
+                                    "request bodies of one user buffered at once (503 beyond; default: a quarter "
+                                    "of MaxBodyMemory, at least MaxBodySize)"),
+    "MinBodyRate": KeySpec("daemon", "min_body_rate",
+                           "after BodyGrace a body must keep arriving at this many bytes/s (408 otherwise; 0: off)"),
+    "BodyGrace": KeySpec("daemon", "body_grace", "time a body has before MinBodyRate applies (ReadTimeout caps it)"),
     "MailRelay": KeySpec("mail", "mail_relay", "SMTP relay HOST:PORT for escalations"),
     "MailFrom": KeySpec("mail", "mail_from", "sender address"),
     "MailTo": KeySpec("mail", "mail_to", "comma-separated recipients"),
@@ -431,6 +560,7 @@ KEYS: dict[str, KeySpec] = {
     "MailSubjectPrefix": KeySpec("mail", "mail_subject_prefix", "prefix of every subject line"),
 }
 _KEY_BY_LOWER = {k.lower(): k for k in KEYS}
+_KEY_BY_FIELD = {(spec.section, spec.field): k for k, spec in KEYS.items()}
 
 SECTIONS: dict[str, type[_Section]] = {
     "analysis": AnalysisSettings,
@@ -486,8 +616,16 @@ def _build_block(opening: str, settings: list[Setting]) -> _Section:
         return spec.model(**values)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        src = sources.get(str(first["loc"][0]) if first["loc"] else "", settings[0])
+        src = next((sources[f] for f in _blamed_fields(first) if f in sources), settings[0])
         raise ConfigError(src.file, src.line, src.key, f"bad value {_shown(src.value)!r}: {first['msg']}") from None
+
+
+def _blamed_fields(error: Any) -> tuple[str, ...]:
+    """The fields a pydantic error is about: its location, or a ``CrossKeyError``'s own list."""
+    if error["loc"]:
+        return (str(error["loc"][0]),)
+    cause = error.get("ctx", {}).get("error")
+    return cause.fields if isinstance(cause, CrossKeyError) else ()
 
 
 def _section_values(
@@ -529,23 +667,25 @@ def build_config(lines: list[ConfLine], origin: str = "<defaults>") -> Config:
             sections[name] = model(**values[name])
         except ValidationError as err:
             first = err.errors(include_url=False)[0]
-            field_name = str(first["loc"][0]) if first["loc"] else ""
-            # A model-level check (loc empty) is blamed on the last key of the section given.
-            src = sources.get(f"{name}.{field_name}") or next(
-                (v for k, v in reversed(sources.items()) if k.startswith(f"{name}.")), None)
-            key = src.key if src else field_name
-            raise ConfigError(src.file if src else origin, src.line if src else None, key,
-                              f"bad value {_shown(src.value) if src else ''!r}: {first['msg']}") from None
+            fields = _blamed_fields(first)
+            # The first blamed key the file sets; where it sets none (a default is at
+            # fault, e.g. MaxBodySize over the default MaxBodyMemory), the key itself.
+            src = next((sources[f"{name}.{f}"] for f in fields if f"{name}.{f}" in sources), None)
+            key = src.key if src else (_KEY_BY_FIELD.get((name, fields[0]), fields[0]) if fields else None)
+            reason = f"bad value {_shown(src.value)!r}: {first['msg']}" if src else first["msg"]
+            raise ConfigError(src.file if src else origin, src.line if src else None, key, reason) from None
     return Config(**sections, **{k: tuple(v) for k, v in blocks.items()}, sources=sources)
 
 
-def load_config(path: str | Path | None, overrides: Sequence[tuple[str, str]] = ()) -> Config:
+def load_config(path: str | Path | None, overrides: Sequence[tuple[str, str]] = (), *,
+                secure: bool = False) -> Config:
     """Read artemis.conf; ``None`` gives the embedded defaults.  ``overrides``: ``(key, value)`` pairs
     given on the command line, applied after the file's own (they win); an error in one names the
-    command line instead of a file."""
+    command line instead of a file.  ``secure``: the daemon's reading, which refuses a file (or an
+    included one) that others than root or this user could have written (``check_config_file_secure``)."""
     if path is None and not overrides:
         return Config()
-    lines = [] if path is None else read_lines(path)
+    lines = [] if path is None else read_lines(path, secure=secure)
     if overrides:
         lines.append(ConfLine([Setting(key, value, COMMAND_LINE, 0) for key, value in overrides]))
     return build_config(lines, "<defaults>" if path is None else str(path))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 from msgspec import Meta
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import from_json
@@ -79,7 +80,7 @@ class Submission:
 
     records: list[tuple[int, Any]]
     principal: Principal
-    jobs: dict[str, JobInfo | None | SlurmError] = field(default_factory=dict)
+    jobs: dict[str, JobInfo | None | SlurmError | LookupRefused] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     body: bytes | None = None
     size: int = 0
@@ -96,6 +97,8 @@ def decode_body(body: bytes) -> list[tuple[int, Any, str | None]]:
     holds them, and only that item is refused.  A JSON array is one value: an
     element too deep to decode ends the reading there (the elements before it
     are kept); any other syntax error in a one-line array refuses the body.
+    A body of several lines that starts with ``[`` and cannot be read to its end
+    as one array is JSON Lines: its first line is one item, whatever it holds.
     """
     text = body.strip()
     if not text:
@@ -138,7 +141,10 @@ def _split_array(body: bytes) -> list[tuple[int, Any, str | None]] | None:
     """Element by element through an array pydantic-core refused as a whole.
 
     None: not one JSON array (a syntax error): the caller reads JSON Lines when
-    the body has several lines, or refuses the body.
+    the body has several lines, or refuses the body.  Where the reading would end
+    early (an element too deep, too many elements) in a body of several lines,
+    the body must first prove to be one array (``_one_array``): JSON Lines whose
+    first line is that deep or that long would lose every good line after it.
     """
     text = body.decode("utf-8", errors="surrogateescape")
     decoder = json.JSONDecoder()
@@ -149,10 +155,14 @@ def _split_array(body: bytes) -> list[tuple[int, Any, str | None]] | None:
     while True:
         index = len(out)
         if index >= MAX_ITEMS_PER_REQUEST:
+            if _json_lines(body):
+                return None
             raise IngestError(f"more than {MAX_ITEMS_PER_REQUEST} items in one request")
         try:
             value, end = decoder.raw_decode(text, pos)
         except RecursionError:
+            if _json_lines(body):
+                return None
             out.append((index, None, f"not JSON: nested deeper than {MAX_DEPTH} levels; "
                                      f"the rest of the array was not read"))
             return out
@@ -171,6 +181,51 @@ def _split_array(body: bytes) -> list[tuple[int, Any, str | None]] | None:
             return out if _skip_ws(text, pos + 1) == len(text) else _not_an_array(text, "trailing data")
         else:
             return _not_an_array(text, f"expected ',' or ']' at column {pos + 1}")
+
+
+_ESCAPE = re.compile(rb"\\.")  # \" and \\ inside a string: neither opens nor closes one
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[list(b"[{")] = 1
+_BRACKET_STEP[list(b"]}")] = -1
+_SCAN_CHUNK = 1 << 18  # small enough for the temporaries to come from the allocator's cache, not fresh pages
+
+
+def _json_lines(body: bytes) -> bool:
+    return b"\n" in body and not _one_array(body)
+
+
+def _one_array(body: bytes) -> bool:
+    """Whether the ``[`` that starts ``body`` closes at its very end and nowhere before.
+
+    Brackets are counted outside strings, to any depth, in numpy (~3 ms a MB,
+    paid only where ``_split_array`` would end early).  JSON Lines with one bad
+    line never pass: the good lines after it are balanced, so the first ``[``
+    closes on the first line or never, and a string left open runs into a
+    newline.  A pretty-printed array passes, whatever its elements hold.
+    Mismatched kinds (``[}``) pass here and fail in ``_split_array``, which
+    then finds it is not an array.
+    """
+    if b"\\" in body:
+        body = _ESCAPE.sub(b"", body)
+    raw = np.frombuffer(body, dtype=np.uint8)
+    quotes, depth = 0, 0
+    for start in range(0, len(raw), _SCAN_CHUNK):
+        chunk = raw[start:start + _SCAN_CHUNK]
+        seen = np.cumsum(chunk == ord('"'), dtype=np.int32)
+        seen += quotes
+        in_string = (seen & 1).astype(bool)  # from an opening quote up to its closing one
+        if (in_string & (chunk == ord("\n"))).any():
+            return False  # a string cannot hold a raw newline: not JSON, so not one array
+        quotes = int(seen[-1]) & 1
+        steps = _BRACKET_STEP.take(chunk)
+        steps[in_string] = 0
+        running = np.cumsum(steps, dtype=np.int32)
+        running += depth
+        last = start + len(chunk) == len(raw)
+        if (running[:-1] if last else running).min(initial=1) <= 0:
+            return False
+        depth = int(running[-1])
+    return quotes == 0 and depth == 0
 
 
 def _not_an_array(text: str, why: str) -> None:
@@ -244,13 +299,22 @@ def validate(items: list[tuple[int, Any, str | None]], context: dict[str, Any],
     return good, bad
 
 
+@dataclass(frozen=True)
+class LookupRefused:
+    """A job artemisd did not ask Slurm about for this request (``jobs.JobLookups``), and why."""
+
+    reason: str
+
+
 def ownership_problem(rec: WindowReport | NodeEvent, principal: Principal,
-                      jobs: dict[str, JobInfo | None | SlurmError]) -> str | None:
+                      jobs: dict[str, JobInfo | None | SlurmError | LookupRefused]) -> str | None:
     """Why a user's record may not be stored ("field: reason"), or None: Slurm (``jobs``) must say
     the sender owns its job, and the record must fit the job's allocation and size."""
     if rec.job is None:
         return "job: node events without a job need root or SlurmUser credentials"
     info = jobs.get(rec.job)
+    if isinstance(info, LookupRefused):
+        return f"job: {info.reason}"
     if isinstance(info, SlurmError):
         # Never trusted unchecked, never dropped silently: the sender is told to send it again.
         return f"job: Slurm could not be reached to check job {rec.job} ({info}); not stored, send it again"

@@ -33,6 +33,10 @@ class Metrics:
         self.probe_cost_ms = Counter("artemis_probe_cost_ms_total",
                                      "Training time spent in matched probes (sum over ranks), ms", registry=r)
         self.auth_failures = Counter("artemis_auth_failures_total", "Rejected credentials", registry=r)
+        self.legacy_credentials = Counter(
+            "artemis_legacy_credentials_total",
+            "POST /v1/reports requests accepted with a legacy credential (body sha256 only, from a probe "
+            "started before the upgrade); once it stays at 0 the allowance can go (auth.py)", registry=r)
         self.quarantined = Counter("artemis_quarantined_records_total",
                                    "Records moved out of the replayed history (failed analysis or restore)",
                                    registry=r)
@@ -45,10 +49,15 @@ class Metrics:
         self.connections = Gauge("artemis_connections", "Open client connections (MaxConnections caps them)",
                                  registry=r)
         self.connections_refused = Counter("artemis_connections_refused_total",
-                                           "Connections closed at the cap: evicted (idle longest) or shed (503)",
+                                           "Connections closed at the cap: evicted (idle longest), "
+                                           "evicted_share (reading a body for the user over its fair share of "
+                                           "connections: 503) or shed (the newcomer: 503)",
                                            ["outcome"], registry=r)
         self.requests_refused = Counter("artemis_requests_refused_total",
-                                        "Requests refused before processing, by HTTP status", ["status"], registry=r)
+                                        "Requests refused before processing, by HTTP status and reason "
+                                        "(credential, forbidden, too_large, read_timeout, slow_body, body_memory, "
+                                        "user_body_memory, connection_share, unavailable)",
+                                        ["status", "reason"], registry=r)
         self.backend_errors = Counter("artemis_backend_errors_total", "Slurm/SMTP failures (retried)",
                                       ["backend"], registry=r)
 

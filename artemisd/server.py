@@ -3,9 +3,11 @@
 Endpoints (JSON unless noted; docs/architecture.md "Daemon"):
 
     POST /v1/reports                      window reports / node events (array or JSON Lines)
-    GET  /v1/incidents[?all=1]            incidents (suspects and dismissed only with all=1)
+    GET  /v1/incidents[?all=1]            incidents (suspects and dismissed only with all=1), paged:
+                                          ?limit= (1000) and ?offset=, ``next`` while more are left
     GET  /v1/incidents/{id}               one incident, its actions and audit trail
-    GET  /v1/incidents/{id}/windows       the job's newest stored per-rank windows (for plots)
+    GET  /v1/incidents/{id}/windows       the job's newest stored per-rank windows (for plots), paged:
+                                          ?limit= (5000 reports) and ?before= the ``before`` of the last page
     POST /v1/incidents/{id}/approve|deny  admin only
     GET  /v1/nodes/{node}/corrections     root/SlurmUser only: corrections the node check applies
     POST /v1/nodes/{node}/corrections/{id}  root/SlurmUser only: {"status": "done"|"failed", "detail"}
@@ -14,11 +16,13 @@ Endpoints (JSON unless noted; docs/architecture.md "Daemon"):
     GET  /metrics                         Prometheus text format
 
 Every request that changes something carries ``Authorization: Munge <cred>``
-whose payload is the sha256 of the body (auth.py).  The credential is judged
+whose payload binds method, path and body (auth.py).  The credential is judged
 from the header before any of the body is read; the body is then streamed
 against ``MaxBodySize`` (``signed_body``).  Connections, idle time and body
-memory are capped at the door (transport.py).  Reads of incidents, status and
-metrics are open, like ``squeue``.  SIGHUP re-reads the config; a
+memory are capped at the door (transport.py).  Reads of incidents and status
+are open, like ``squeue``, or with ``ReadAuth=required`` signed like writes and
+private to the job's owner (``reader``); either way they run off the event
+loop, paged (reads.py).  Health and metrics are always open.  SIGHUP re-reads the config; a
 bad file keeps the running config and logs the error with file:line.
 """
 
@@ -37,7 +41,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -47,16 +51,16 @@ from artemisd import __version__
 from artemisd.auth import AuthError, MungeAuth, NoAuth, Principal
 from artemisd.config import Config, ConfigError, load_config
 from artemisd.metrics import CONTENT_TYPE_LATEST
-from artemisd.runs import split_run
 from artemisd.ingest import MAX_ITEMS_PER_REQUEST, IngestError, IngestResult, Submission, decode_body, fast_records
+from artemisd import reads
+from artemisd.reads import OPEN, ReadPool, Reader
 from artemisd.service import Daemon
-from artemisd.store import StoreUnavailable
+from artemisd.store import StateStore, StoreUnavailable, open_store
 from artemisd.slurm import make_backend
 from artemisd.transport import (GATE, RETRY_AFTER_S, BodyBudget, ConnectionGate, Refused,
                                 fit_connections_to_fd_limit, gate_middleware, read_body)
 
 TICK_S = 1.0
-WINDOW_REPORTS_SHOWN = 50_000  # GET /v1/incidents/{id}/windows: the newest reports of the job, at most
 STORE_RETRY_S = 5  # Retry-After while the state database is unreachable
 GROUP_BYTES = 64 << 20  # the request bodies stored in one statement together (GroupCommit), at most
 # After answering a request whose body it did not read (401, 413), aiohttp
@@ -128,7 +132,9 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
 
     The declared size and the credential (``Authorization`` header) are judged
     before a byte of the body is read, so a client without a valid credential
-    costs a munge decode and nothing else.  The body is then streamed against
+    costs a munge decode and nothing else; so does one whose credential was
+    made for another method or path (``Credential.bind``: the request-target
+    exactly as sent, ``raw_path``).  The body is then streamed against
     ``MaxBodySize`` within ``ReadTimeout`` and checked against the digest the
     credential vouches for.  Raises ``Refused`` (answered by the middleware).
     """
@@ -138,16 +144,22 @@ async def signed_body(request: web.Request) -> AsyncIterator[tuple[Principal, by
     if declared is not None and declared > settings.max_body_size:
         raise Refused(413, f"request body of {declared} bytes exceeds MaxBodySize "
                       f"({settings.max_body_size} bytes)", close=True)
+    method, path = request.method, request.raw_path
     try:
         credential = await request.app[AUTH].check(request.headers.get("Authorization"))
+        credential.bind(method, path)
     except AuthError as err:
         raise _refused(daemon, err) from None
     async with read_body(request, limit=settings.max_body_size, timeout_s=settings.read_timeout,
-                         budget=request.app[BODIES], digest=credential.digest is not None) as (body, digest):
+                         budget=request.app[BODIES], digest=credential.signed is not None,
+                         owner=credential.principal.uid, min_rate=settings.min_body_rate,
+                         grace_s=settings.body_grace) as (body, digest):
         try:
-            principal = credential.verify(digest)
+            principal = credential.verify(method, path, digest)
         except AuthError as err:
             raise _refused(daemon, err) from None
+        if credential.legacy:  # a probe of a job started before the upgrade (auth.py, LEGACY_ROUTES)
+            daemon.metrics.legacy_credentials.inc()
         yield principal, body
 
 
@@ -218,6 +230,7 @@ class GroupCommit:
 
 
 GROUPS: web.AppKey[GroupCommit] = web.AppKey("groups", GroupCommit)
+READS: web.AppKey[ReadPool] = web.AppKey("reads", ReadPool)
 
 
 async def post_reports(request: web.Request) -> web.Response:
@@ -247,54 +260,64 @@ async def post_reports(request: web.Request) -> web.Response:
 
 
 
+async def reader(request: web.Request) -> Reader:
+    """Who reads: anyone with ``ReadAuth=open``; with ``required``, the signer of the request, who
+    reads only their own jobs' incidents unless root, SlurmUser or in AdminUids (``reads.Reader``)."""
+    if request.app[DAEMON].config.daemon.read_auth == "open":
+        return OPEN
+    async with signed_body(request) as (principal, _):
+        return Reader(principal, private=not principal.admin)
+
+
+async def _read(request: web.Request, view: Callable[[StateStore], Any]) -> Any:
+    """``view(store)`` in the read pool, its refusals answered as HTTP errors (``Refused``)."""
+    try:
+        return await request.app[READS].run(view)
+    except reads.ReadsBusy as err:
+        raise Refused(503, f"artemisd is busy with reads ({err}); retry after {RETRY_AFTER_S} s",
+                      retry_after=RETRY_AFTER_S) from None
+    except reads.NotFound as err:
+        raise Refused(404, str(err)) from None
+
+
+def _query_int(request: web.Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    try:
+        return reads.bounded_int(request.query, name, default, low, high)
+    except reads.BadQuery as err:
+        raise Refused(400, str(err)) from None
+
+
+def _json_bytes(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
+
+
 async def get_incidents(request: web.Request) -> web.Response:
-    daemon = request.app[DAEMON]
+    who = await reader(request)
     everything = request.query.get("all") in ("1", "yes", "true")
-    rows = daemon.store.incidents()
-    out = [r.body for r in rows if everything or r.state not in ("suspect", "dismissed")]
-    return _json({"incidents": out})
+    limit = _query_int(request, "limit", reads.INCIDENTS_PAGE, 1, reads.INCIDENTS_PAGE_MAX)
+    offset = _query_int(request, "offset", 0, 0, 1 << 40)
+    return _json_bytes(await _read(request, lambda store: reads.incidents_page(store, who, everything, limit, offset)))
 
 
 async def get_incident(request: web.Request) -> web.Response:
+    who = await reader(request)
     daemon = request.app[DAEMON]
-    stored = daemon.store.incident(request.match_info["id"])
-    if stored is None:
-        return _error(404, f"no incident {request.match_info['id']}")
-    actions = [{"id": a.id, "kind": a.kind, "target": a.target, "status": a.status, "attempts": a.attempts,
-                "detail": a.detail} for a in daemon.store.actions_of(stored.id)]
-    return _json({"incident": stored.body, "step": stored.step, "baseline": stored.baseline,
-                  "actions": actions, "audit": daemon.store.audit_log(stored.id),
-                  # A window some ranks' reports missed measures no throughput (NaN): null, as
-                  # JSON has no NaN and a strict reader (jq, a browser) refuses the whole body.
-                  "throughput": [(seq, value if math.isfinite(value) else None)
-                                 for seq, value in daemon.analyzer.throughput(stored.job, stored.step or "0")]})
+    stored, out = await _read(request, lambda store: reads.incident_detail(store, who, request.match_info["id"]))
+    # A window some ranks' reports missed measures no throughput (NaN): null, as JSON has no NaN
+    # and a strict reader (jq, a browser) refuses the whole body.  The analyzer's, read on the loop.
+    out["throughput"] = [(seq, value if math.isfinite(value) else None)
+                         for seq, value in daemon.analyzer.throughput(stored.job, stored.step or "0")]
+    return _json(out)
 
 
 async def get_incident_windows(request: web.Request) -> web.Response:
-    daemon = request.app[DAEMON]
-    stored = daemon.store.incident(request.match_info["id"])
-    if stored is None:
-        return _error(404, f"no incident {request.match_info['id']}")
-    # Reads are open to every user and run on the daemon's loop: a job of 100k
-    # ranks keeps millions of reports, so only the newest WINDOW_REPORTS_SHOWN
-    # are decoded and sent (whole rows: a window as a body posted it); ``left_out`` counts the older ones.
-    recent, left_out = daemon.store.recent_window_records(stored.job, WINDOW_REPORTS_SHOWN)
-    windows = []
-    for rec in recent:
-        ms = rec.get("ms") or {}
-        busy = ms.get("busy")
-        if busy is None and ms.get("step") is not None and ms.get("comm_wait") is not None:
-            busy = ms["step"] - ms["comm_wait"]
-        window = rec.get("window") or {}
-        # ``run``: the daemon's own run of the job step (``runs.split_run`` of the key it was
-        # stored under), so a plot never re-derives a requeue; ``world``: how many ranks a
-        # whole window has.
-        windows.append({"rank": rec.get("rank"), "seq": window.get("seq"),
-                        "run": split_run(str(rec.get("step") or "0"))[1], "world": rec.get("world"),
-                        "node": rec.get("node"), "step": ms.get("step"), "busy": busy,
-                        "comm_wait": ms.get("comm_wait"), "samples": rec.get("samples"),
-                        "t0": window.get("t0"), "t1": window.get("t1")})
-    return _json({"incident": stored.body, "windows": windows, "left_out": left_out})
+    """A page of the job's newest stored per-rank windows (``reads.windows_page``); a job of 100k
+    ranks keeps millions of reports, so a plot follows ``before`` for older pages."""
+    who = await reader(request)
+    limit = _query_int(request, "limit", reads.WINDOWS_PAGE, 1, reads.WINDOWS_PAGE_MAX)
+    before = _query_int(request, "before", None, 0, 1 << 62)
+    return _json_bytes(await _read(request, lambda store: reads.windows_page(store, who, request.match_info["id"],
+                                                                              limit, before)))
 
 
 async def post_decision(request: web.Request) -> web.Response:
@@ -304,7 +327,8 @@ async def post_decision(request: web.Request) -> web.Response:
     if not principal.admin:
         return _error(403, f"{principal.who} may not approve or deny: needs root, SlurmUser or AdminUids")
     try:
-        inc = await daemon.approve(request.match_info["id"], principal, request.match_info["decision"] == "approve")
+        inc = await asyncio.shield(daemon.approve(request.match_info["id"], principal,
+                                                  request.match_info["decision"] == "approve"))
     except KeyError:
         return _error(404, f"no incident {request.match_info['id']}")
     except ValueError as err:
@@ -340,11 +364,12 @@ async def post_correction(request: web.Request) -> web.Response:
     cor = daemon.store.correction(request.match_info["id"])
     if cor is None or cor["node"] != request.match_info["node"]:
         return _error(404, f"no correction {request.match_info['id']} for {request.match_info['node']}")
-    await daemon.correction_result(cor["id"], status, detail, principal.who)
+    await asyncio.shield(daemon.correction_result(cor["id"], status, detail, principal.who))
     return _json({"id": cor["id"], "status": status})
 
 
 async def get_status(request: web.Request) -> web.Response:
+    who = await reader(request)
     daemon = request.app[DAEMON]
     counts: dict[str, int] = {}
     for inc in daemon.store.incidents():
@@ -354,7 +379,9 @@ async def get_status(request: web.Request) -> web.Response:
     return _json({"version": __version__, "listen": d.listen, "dry_run": d.dry_run, "enabled": d.enabled,
                   "instance": daemon.instance, "role": daemon.role, "leader": lease.holder if lease else None,
                   "instances": daemon.store.instances(),
-                  "auth": d.auth_type, "incidents": counts, "jobs": daemon.store.jobs()[:50],
+                  "auth": d.auth_type, "incidents": counts,
+                  # Job ids and owners are private where reads are (PrivateData=jobs).
+                  "jobs": [] if who.private else daemon.store.jobs()[:50],
                   "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
                   # Stored by any instance, not yet analysed by the leader: stays near a second's
                   # worth while the leader keeps up (it marks its progress about once a second).
@@ -384,6 +411,10 @@ async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[DAEMON].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _close_reads(app: web.Application) -> None:
+    await asyncio.to_thread(app[READS].close)
+
+
 def make_app(daemon: Daemon, auth: MungeAuth | NoAuth) -> web.Application:
     """The API; ``app[GATE]`` is the connection-capping protocol factory ``serve`` listens with."""
     settings = daemon.config.daemon
@@ -391,8 +422,10 @@ def make_app(daemon: Daemon, auth: MungeAuth | NoAuth) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_size, middlewares=[gate_middleware])
     app[DAEMON] = daemon
     app[AUTH] = auth
-    app[BODIES] = BodyBudget(settings.max_body_memory)
+    app[BODIES] = BodyBudget(settings.max_body_memory, settings.body_memory_per_user)
     app[GROUPS] = GroupCommit(daemon)
+    app[READS] = ReadPool(lambda: open_store(daemon.config.daemon))
+    app.on_cleanup.append(_close_reads)
     app[GATE] = ConnectionGate(settings.max_connections, daemon.metrics)
     app.router.add_post("/v1/reports", post_reports)
     app.router.add_get("/v1/incidents", get_incidents)
@@ -423,7 +456,7 @@ async def run_loop(daemon: Daemon, stop: asyncio.Event, tick: float = TICK_S) ->
 def reload_config(daemon: Daemon, path: str | None, auth: MungeAuth | NoAuth | None = None,
                   overrides: Sequence[tuple[str, str]] = ()) -> bool:
     try:
-        config = load_config(path, overrides)
+        config = load_config(path, overrides, secure=True)
     except ConfigError as err:
         log.error("config reload failed; keeping the running config", error=str(err), file=err.file,
                   line=err.line, key=err.key)
@@ -461,7 +494,7 @@ def notify_ready(environ: dict[str, str] | None = None) -> bool:
 async def serve(config_path: str | None, overrides: Sequence[tuple[str, str]] = ()) -> int:
     """Run the daemon until SIGTERM/SIGINT.  ``overrides``: settings given as options (``--listen``),
     over the file's at start and at every reload."""
-    config = load_config(config_path, overrides)
+    config = load_config(config_path, overrides, secure=True)
     daemon = Daemon(config, make_backend(config.daemon.slurm_backend, config.daemon.slurm_timeout))
     tune_gc()
     auth = make_auth(config)
@@ -475,8 +508,11 @@ async def serve(config_path: str | None, overrides: Sequence[tuple[str, str]] = 
     host, _, port = config.daemon.listen.rpartition(":")
     # keepalive_timeout is armed at accept: a connection that sends no complete
     # request head within IdleTimeout (new, or kept alive after a response) is closed.
+    # handler_cancellation: a client that hangs up takes its request's work with it (the Slurm
+    # reads it waits on are killed: jobs.SlurmReads), instead of holding workers for SlurmTimeout.
+    # Handlers that change state shield that part (approve/deny, a correction's result).
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.daemon.idle_timeout,
-                           lingering_time=LINGER_S, auto_decompress=False)
+                           lingering_time=LINGER_S, auto_decompress=False, handler_cancellation=True)
     await runner.setup()
     gate.make_handler = runner.server
     # Our own listener instead of TCPSite: connections go through the gate first.
@@ -498,6 +534,7 @@ async def serve(config_path: str | None, overrides: Sequence[tuple[str, str]] = 
         listener.close()
         await runner.cleanup()
         daemon.step_down()
+        daemon.jobs.close()
         daemon.store.close()
     log.info("artemisd stopped")
     return 0

@@ -38,6 +38,7 @@ from artemisd import __version__, decide, ingest, mail, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
+from artemisd.jobs import OWN, JobLookups
 from artemisd.incident import Action, Evidence, Incident, IncidentKind, IncidentState, Result
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
@@ -127,7 +128,9 @@ class Daemon:
         self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
-        self._job_info: dict[str, tuple[float, JobInfo | None]] = {}
+        self.jobs = JobLookups(slurm.job, config.daemon.slurm_read_workers,
+                               lambda: self.config.daemon.job_cache_seconds, self.clock, self._job_read,
+                               self.metrics.backend_errors.labels("slurm").inc, ALLOCATION_RECHECK_S)
         self._last_report: dict[str, dict[int, tuple[str, str, int | None]]] = {}  # job -> rank -> step, node, gpu
         self._steps: dict[str, str] = {}
         self._world: dict[str, int] = {}  # job -> its ranks (GPUs): what a requeue restarts
@@ -417,75 +420,28 @@ class Daemon:
         """Items -> ([(index, record)], [{"index", "error"}]) (``ingest.validate``, under today's bounds)."""
         return ingest.validate(items, self._context(), lambda err: self._unforeseen("validating", err))
 
-    async def check_jobs(self, principal: Principal,
-                         records: list[tuple[int, WindowReport | NodeEvent]]) -> dict[str, JobInfo | None | SlurmError]:
-        """What Slurm says of each job a user's records name (owner, nodes, size), for ``accept``.
-
-        Read through the job cache (``JobCacheSeconds``).  When a record claims a
-        node outside the cached allocation, or a world beyond the cached size,
-        the job is read again (at most every ``ALLOCATION_RECHECK_S``): a
-        requeued job runs on new nodes.  Slurm unreachable with nothing cached:
-        the ``SlurmError``, and ``accept`` refuses those records.  Root-side
-        senders are not checked.
-        """
+    async def check_jobs(self, principal: Principal, records: list[tuple[int, WindowReport | NodeEvent]]
+                         ) -> dict[str, JobInfo | None | SlurmError | ingest.LookupRefused]:
+        """What Slurm says of each job a user's records name, for ``accept`` (``JobLookups.for_request``,
+        within its bounds per request and per user).  Root-side senders are not checked."""
         if principal.root_side:
             return {}
-        claims: dict[str, list[WindowReport | NodeEvent]] = {}
-        for _, rec in records:
-            if rec.job is not None:
-                claims.setdefault(rec.job, []).append(rec)
-        out: dict[str, JobInfo | None | SlurmError] = {}
-        for job, recs in claims.items():
-            try:
-                info = await self.job_info(job, strict=True)
-                read_at = self._job_info[job][0] if job in self._job_info else self.clock()
-                if info is not None and self.clock() - read_at >= ALLOCATION_RECHECK_S \
-                        and any(ingest.claim_problem(rec, info) for rec in recs):
-                    info = await self.job_info(job, fresh=True, strict=True)
-                out[job] = info
-            except SlurmError as err:
-                out[job] = err
-            except StoreUnavailable:
-                raise  # the whole request waits for the database, as storing it would
-            except Exception as err:  # noqa: BLE001 - an unreadable answer about one job: that job is refused
-                self._unforeseen("looking up", err)
-                out[job] = None
-        return out
+        return await self.jobs.for_request(principal, records, self._unforeseen)
 
     async def job_info(self, job: str, fresh: bool = False, strict: bool = False) -> JobInfo | None:
-        before = self._job_info.get(job)
-        info = await self._slurm_cached(self._job_info, job, self.config.daemon.job_cache_seconds,
-                                        self.slurm.job, fresh, strict, None)
-        if info is not None and self._job_info.get(job) is not before:  # read from Slurm just now
-            try:
-                self.store.set_job_owner(job, info.user_id, info.partition)
-            except Exception as err:
-                if self.store.is_unavailable(err):
-                    # Not Slurm's answer that failed: the request is refused for a
-                    # retry, and the owner is written when the job is read again.
-                    del self._job_info[job]
-                    raise StoreUnavailable(f"state database unavailable: {err}") from err
-                raise
-        return info
+        """The daemon's own read of a job (decisions, the sweep, actions), through the job cache."""
+        return await self.jobs.info(job, fresh=fresh, strict=strict, uid=OWN)
 
-    async def _slurm_cached(self, cache: dict, key: str, ttl: float, read: Callable[[str], Any],
-                            fresh: bool, strict: bool, default: Any) -> Any:
-        """A Slurm read through a TTL cache.  Slurm down: the stale value, or ``default``
-        (``strict``: raise when there is nothing cached, so the caller waits instead of guessing)."""
-        now = self.clock()
-        cached = cache.get(key)
-        if cached and not fresh and now - cached[0] < ttl:
-            return cached[1]
+    def _job_read(self, job: str, info: JobInfo) -> None:
+        """A job just read from Slurm: its owner and partition are stored for the CLI and restarts."""
         try:
-            value = await asyncio.to_thread(read, key)
-        except SlurmError as err:
-            self.metrics.backend_errors.labels("slurm").inc()
-            log.warning("slurm lookup failed", what=getattr(read, "__name__", "?"), key=key, error=str(err))
-            if strict and not cached:
-                raise
-            return cached[1] if cached else default
-        cache[key] = (now, value)
-        return value
+            self.store.set_job_owner(job, info.user_id, info.partition)
+        except Exception as err:
+            if self.store.is_unavailable(err):
+                # Not Slurm's answer that failed: the request is refused for a
+                # retry, and the owner is written when the job is read again.
+                raise StoreUnavailable(f"state database unavailable: {err}") from err
+            raise
 
     def accept(self, records: list[tuple[int, WindowReport | NodeEvent]], principal: Principal,
                jobs: dict[str, JobInfo | None | SlurmError] | None = None,
@@ -906,9 +862,9 @@ class Daemon:
             self._probe_due.pop(analyzer_id, None)
         for key in [key for key in self._runs if key[0] == job]:
             del self._runs[key]
-        for per_job in (self._last_report, self._dropped, self._steps, self._world, self._window_count,
-                        self._job_info):
+        for per_job in (self._last_report, self._dropped, self._steps, self._world, self._window_count):
             per_job.pop(job, None)
+        self.jobs.forget(job)
         self._rebalance_opt_in.discard(job)
         self._ended_open.pop(job, None)
         for key in [key for key in self._directives_read if key[0] == job]:

@@ -50,7 +50,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -310,7 +310,21 @@ def skipped_items(text: str | None) -> frozenset[int]:
 RECENT_WINDOWS_FROM = (
     "SELECT MIN(seq) FROM (SELECT seq, SUM(CASE WHEN items > 0 THEN items ELSE 1 END) OVER (ORDER BY seq DESC) "
     "AS reports, ROW_NUMBER() OVER (ORDER BY seq DESC) AS newest FROM records "
-    "WHERE job = ? AND \"window\" IS NOT NULL) AS recent WHERE reports <= ? OR newest = 1")
+    "WHERE job = ? AND \"window\" IS NOT NULL AND seq < ?) AS recent WHERE reports <= ? OR newest = 1")
+# A page's upper bound when none is given: above every seq.
+NEWEST = 1 << 62
+# Incidents a user may read where reads are private (ReadAuth=required): those of the jobs Slurm
+# said they own.
+OWNED_JOBS = "job IN (SELECT job FROM jobs WHERE user_id = ?)"
+
+
+class WindowPage(NamedTuple):
+    """A page of a job's stored window reports, newest first by row: the reports (in stored order),
+    how many older ones are left, and the seq of the page's oldest row (the next page is ``before`` it)."""
+
+    records: list[dict[str, Any]]
+    left_out: int
+    oldest: int | None
 
 
 def window_bodies(rows: Iterable[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
@@ -406,14 +420,16 @@ class StateStore(Protocol):
     def set_job_owner(self, job: str, user_id: int, partition: str) -> None: ...
     def job_last_seen(self, job: str) -> float | None: ...
     def job_partition(self, job: str) -> str | None: ...
+    def job_owner(self, job: str) -> int | None: ...
     def jobs(self) -> list[dict[str, Any]]: ...
     def add_throughput(self, job: str, step: str, window: int, samples_per_s: float, ranks: int) -> None: ...
     def throughput(self, job: str, step: str | None = None) -> list[tuple[str, int, float]]: ...
     def window_records(self, job: str) -> list[dict[str, Any]]: ...
-    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]: ...
+    def recent_window_records(self, job: str, at_most: int, before: int | None = None) -> WindowPage: ...
     def save_incident(self, inc: StoredIncident) -> None: ...
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
-                  decide: bool | None = None) -> list[StoredIncident]: ...
+                  decide: bool | None = None, owner: int | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[StoredIncident]: ...
     def incident(self, incident_id: str) -> StoredIncident | None: ...
     def incident_counts(self) -> dict[str, int]: ...
     def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
@@ -685,6 +701,11 @@ class Store:
         row = self.db.execute("SELECT partition FROM jobs WHERE job = ?", (job,)).fetchone()
         return row[0] if row else None
 
+    def job_owner(self, job: str) -> int | None:
+        """The uid Slurm said owns ``job``; None where no user's report made the daemon ask."""
+        row = self.db.execute("SELECT user_id FROM jobs WHERE job = ?", (job,)).fetchone()
+        return row[0] if row else None
+
     def jobs(self) -> list[dict[str, Any]]:
         cur = self.db.execute("SELECT job, user_id, partition, first_seen, last_seen, last_window FROM jobs "
                               "ORDER BY last_seen DESC")
@@ -710,17 +731,19 @@ class Store:
         return window_bodies(self.db.execute("SELECT body, items, skipped FROM records "
                                              "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
 
-    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]:
-        """``job``'s newest stored window reports, whole rows up to ``at_most`` reports (the newest row
-        whatever its size: at most ``MaxWorld``), in stored order; and how many older ones were left out."""
-        (oldest,) = self.db.execute(RECENT_WINDOWS_FROM, (job, at_most)).fetchone()
+    def recent_window_records(self, job: str, at_most: int, before: int | None = None) -> WindowPage:
+        """``job``'s newest stored window reports below row ``before``, whole rows up to ``at_most``
+        reports (the newest row whatever its size: at most ``MaxWorld``), in stored order."""
+        below = NEWEST if before is None else before
+        (oldest,) = self.db.execute(RECENT_WINDOWS_FROM, (job, below, at_most)).fetchone()
         if oldest is None:
-            return [], 0
+            return WindowPage([], 0, None)
         rows = window_bodies(self.db.execute("SELECT body, items, skipped FROM records WHERE job = ? AND "
-                                             "window IS NOT NULL AND seq >= ? ORDER BY seq", (job, oldest)))
+                                             "window IS NOT NULL AND seq >= ? AND seq < ? ORDER BY seq",
+                                             (job, oldest, below)))
         (left_out,) = self.db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE job = ? AND window IS NOT NULL "
                                       "AND seq < ?", (job, oldest)).fetchone()
-        return rows, left_out
+        return WindowPage(rows, left_out, oldest)
 
     # --- incidents --------------------------------------------------------
 
@@ -730,7 +753,8 @@ class Store:
             db.execute(UPSERT_INCIDENT, incident_row(inc))
 
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
-                  decide: bool | None = None) -> list[StoredIncident]:
+                  decide: bool | None = None, owner: int | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[StoredIncident]:
         sql = f"SELECT {_INCIDENT_COLS} FROM incidents WHERE 1"
         args: tuple[Any, ...] = ()
         if states is not None:
@@ -743,7 +767,13 @@ class Store:
         if decide is not None:
             sql += " AND decide = ?"
             args += (int(decide),)
+        if owner is not None:
+            sql += f" AND {OWNED_JOBS}"
+            args += (owner,)
         sql += " ORDER BY created, CAST(SUBSTR(id, INSTR(id, '-') + 1) AS INTEGER)"
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            args += (-1 if limit is None else limit, offset)
         return [_incident(row) for row in self.db.execute(sql, args)]
 
     def incident(self, incident_id: str) -> StoredIncident | None:

@@ -35,6 +35,8 @@ from artemisd.store import (
     _QUARANTINE_COLS,
     ACTION_OPEN,
     JOB_SEEN,
+    NEWEST,
+    OWNED_JOBS,
     QUARANTINE_KEPT,
     RECENT_WINDOWS_FROM,
     SEQ_MAX,
@@ -44,6 +46,7 @@ from artemisd.store import (
     QUARANTINE_ITEM_COLS,
     QUARANTINE_ITEM_SOURCE,
     UPSERT_INCIDENT,
+    WindowPage,
     _incident,
     by_row,
     incident_row,
@@ -456,6 +459,10 @@ class PostgresStore:
         row = self._one("SELECT partition FROM jobs WHERE job = %s", (job,))
         return row[0] if row else None
 
+    def job_owner(self, job: str) -> int | None:
+        row = self._one("SELECT user_id FROM jobs WHERE job = %s", (job,))
+        return row[0] if row else None
+
     def jobs(self) -> list[dict[str, Any]]:
         cols = ("job", "user_id", "partition", "first_seen", "last_seen", "last_window")
         # SQLite puts NULLs first in ascending order, so last in DESC: say so here.
@@ -479,15 +486,17 @@ class PostgresStore:
         return window_bodies(self._all('SELECT body, items, skipped FROM records WHERE job = %s '
                                        'AND "window" IS NOT NULL ORDER BY seq', (job,)))
 
-    def recent_window_records(self, job: str, at_most: int) -> tuple[list[dict[str, Any]], int]:
-        (oldest,) = self._one(RECENT_WINDOWS_FROM.replace("?", "%s"), (job, at_most))
+    def recent_window_records(self, job: str, at_most: int, before: int | None = None) -> WindowPage:
+        below = NEWEST if before is None else before
+        (oldest,) = self._one(RECENT_WINDOWS_FROM.replace("?", "%s"), (job, below, at_most))
         if oldest is None:
-            return [], 0
+            return WindowPage([], 0, None)
         rows = window_bodies(self._all('SELECT body, items, skipped FROM records WHERE job = %s '
-                                       'AND "window" IS NOT NULL AND seq >= %s ORDER BY seq', (job, oldest)))
+                                       'AND "window" IS NOT NULL AND seq >= %s AND seq < %s ORDER BY seq',
+                                       (job, oldest, below)))
         (left_out,) = self._one(f'SELECT {_RECORD_COUNT} FROM records WHERE job = %s AND "window" IS NOT NULL '
                                 'AND seq < %s', (job, oldest))
-        return rows, left_out
+        return WindowPage(rows, left_out, oldest)
 
     # --- incidents --------------------------------------------------------
 
@@ -497,7 +506,8 @@ class PostgresStore:
             self.db.execute(UPSERT_INCIDENT.replace("?", "%s"), incident_row(inc))
 
     def incidents(self, states: Iterable[str] | None = None, job: str | None = None,
-                  decide: bool | None = None) -> list[StoredIncident]:
+                  decide: bool | None = None, owner: int | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[StoredIncident]:
         sql = f"SELECT {_INCIDENT_COLS} FROM incidents WHERE TRUE"
         args: tuple[Any, ...] = ()
         if states is not None:
@@ -509,7 +519,14 @@ class PostgresStore:
         if decide is not None:
             sql += " AND decide = %s"
             args += (int(decide),)
-        return [_incident(row) for row in self._all(f"{sql} {_INCIDENT_ORDER}", args)]
+        if owner is not None:
+            sql += " AND " + OWNED_JOBS.replace("?", "%s")
+            args += (owner,)
+        sql += f" {_INCIDENT_ORDER}"
+        if limit is not None or offset:
+            sql += " LIMIT %s OFFSET %s"
+            args += (limit, offset)  # LIMIT NULL: no limit
+        return [_incident(row) for row in self._all(sql, args)]
 
     def incident(self, incident_id: str) -> StoredIncident | None:
         row = self._one(f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id = %s", (incident_id,))

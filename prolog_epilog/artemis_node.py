@@ -24,6 +24,7 @@ same thing (``ARTEMIS_ENDPOINT``, ``ARTEMIS_MUNGE_SOCKET``, ``ARTEMIS_TELEMETRY`
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -340,22 +341,42 @@ class DaemonError(RuntimeError):
     pass
 
 
-def _credential(cfg: NodeConfig, body: bytes) -> str | None:
+REQUEST_PAYLOAD_VERSION = "artemis-request-v2"
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_PATH = re.compile(r"/[\x21-\x7e]{0,8191}")  # printable ASCII, no space: one field of the payload
+
+
+def request_payload(method: str, path: str, body: bytes) -> str:
+    """``artemis-request-v2 METHOD PATH SHA256``: the munge payload that binds a credential to one request.
+
+    ``path`` is the request-target as sent (path and ``?query``), ``body`` the
+    bytes sent (``b""`` for a GET).  A copy of ``artemisd.auth.request_payload``
+    (this runs under the node's own Python, without artemisd): same checks,
+    same output, held equal by tests/unit/test_auth.py.
+    """
+    if not _METHOD.fullmatch(method):
+        raise ValueError(f"HTTP method must be upper-case letters, got {method!r}")
+    if not _PATH.fullmatch(path):
+        raise ValueError(f"request path must start with / and be printable ASCII without spaces, got {path!r}")
+    return f"{REQUEST_PAYLOAD_VERSION} {method} {path} {hashlib.sha256(body).hexdigest()}"
+
+
+def _credential(cfg: NodeConfig, method: str, path: str, body: bytes) -> str | None:
+    """A credential for this one request (``request_payload``); None with ``AuthType=none``."""
     if cfg.auth == "none":
         return None
+    payload = request_payload(method, path, body)
     munge = import_probe_module("munge")
     if munge is not None:  # torch_hook is importable: reuse its signer
         signer = munge.MungeSigner(cfg.munge_socket)
         try:
-            credential = signer.credential(body)
+            credential = signer.sign(payload)
         finally:
             signer.close()
         if credential:
             return credential
         raise DaemonError(f"cannot make a munge credential: {signer.last_error}")
-    import hashlib
-
-    cmd = ["munge", "--string", hashlib.sha256(body).hexdigest()]
+    cmd = ["munge", "--string", payload]
     if cfg.munge_socket:
         cmd += ["--socket", cfg.munge_socket]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
@@ -393,12 +414,13 @@ def request(cfg: NodeConfig, method: str, path: str, payload: Any = None,
         deferred_s: float | None = None
         failures = []
         for base in bases:
-            headers = {"Content-Type": "application/json"}
-            credential = _credential(cfg, body)
-            if credential:
-                headers["Authorization"] = f"Munge {credential}"
             req = urllib.request.Request(f"{base}{path}", data=body if payload is not None else None,
-                                         method=method, headers=headers)
+                                         method=method, headers={"Content-Type": "application/json"})
+            # Bound to this method, this daemon's request-target (the base's path, if
+            # any, included: what urllib puts on the request line) and this body.
+            credential = _credential(cfg, method, req.selector or "/", body)
+            if credential:
+                req.add_header("Authorization", f"Munge {credential}")
             try:
                 with urllib.request.urlopen(req, timeout=timeout_s or cfg.timeout_s) as reply:
                     text = reply.read()

@@ -1,25 +1,51 @@
-"""MUNGE credentials for report batches (stdlib only).
+"""MUNGE credentials for requests to artemisd (stdlib only).
 
-The credential's payload is the lowercase hex SHA-256 of the request body, so
-the daemon can check that the credential was made for this body.  libmunge is
-used through ctypes when ``libmunge.so.2`` loads; otherwise the ``munge``
-command, with a timeout.  ``credential()`` returns None when neither works
-(no munged): the caller sends unauthenticated and counts it.
+The credential's payload binds it to one request, on one line of ASCII::
+
+    artemis-request-v2 <METHOD> <PATH> <SHA256>
+
+(the HTTP method; the request-target as sent: path and ``?query``, byte for
+byte; the lowercase hex SHA-256 of the body, of ``b""`` for a GET), so the
+daemon refuses it on any other method, path or body (artemisd/auth.py).
+``request_payload`` is a copy of ``artemisd.auth.request_payload``: this
+package may not import artemisd (it runs inside training ranks, stdlib and
+torch only); tests/unit/test_auth.py holds the copies to the same output.
+
+libmunge is used through ctypes when ``libmunge.so.2`` loads; otherwise the
+``munge`` command, with a timeout.  ``credential()`` returns None when neither
+works (no munged): the caller sends unauthenticated and counts it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import shutil
 import subprocess
 
 MUNGE_OPT_SOCKET = 8  # munge.h enum munge_opt
 _EMUNGE_SUCCESS = 0
 
+REQUEST_PAYLOAD_VERSION = "artemis-request-v2"
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_PATH = re.compile(r"/[\x21-\x7e]{0,8191}")  # printable ASCII, no space: one field of the payload
+
 
 def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+def request_payload(method: str, path: str, body: bytes) -> str:
+    """``artemis-request-v2 METHOD PATH SHA256``: what a credential for this one request signs.
+
+    A copy of ``artemisd.auth.request_payload`` (same checks, same output).
+    """
+    if not _METHOD.fullmatch(method):
+        raise ValueError(f"HTTP method must be upper-case letters, got {method!r}")
+    if not _PATH.fullmatch(path):
+        raise ValueError(f"request path must start with / and be printable ASCII without spaces, got {path!r}")
+    return f"{REQUEST_PAYLOAD_VERSION} {method} {path} {body_digest(body)}"
 
 
 class MungeSigner:
@@ -55,8 +81,13 @@ class MungeSigner:
     def available(self) -> bool:
         return self._lib is not None or self._binary is not None
 
-    def credential(self, body: bytes) -> str | None:
-        payload = body_digest(body).encode()
+    def credential(self, method: str, path: str, body: bytes) -> str | None:
+        """A credential for ``method`` on ``path`` (path and query, as sent) with ``body``; None: no munge."""
+        return self.sign(request_payload(method, path, body))
+
+    def sign(self, text: str) -> str | None:
+        """A credential whose payload is ``text`` (ASCII); ``credential`` is what a request needs."""
+        payload = text.encode("ascii")
         if self._lib is not None:
             out = ctypes.c_void_p()
             err = self._lib.munge_encode(ctypes.byref(out), self._ctx, payload, len(payload))

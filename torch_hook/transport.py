@@ -433,9 +433,10 @@ class Sender:
             at = (first + turn) % len(self._urls)
             # A credential per daemon: munge decodes each one once (a second
             # decode is a replay, 401), and the daemon that deferred the batch
-            # has decoded this one already.
+            # has decoded this one already.  It is bound to this POST, to the
+            # path _exchange sends, and to this body (munge.request_payload).
             headers = {"Content-Type": "application/json"}
-            credential = signer.credential(body) if signer is not None else None
+            credential = signer.credential("POST", self._paths[at], body) if signer is not None else None
             if credential:
                 headers["Authorization"] = f"Munge {credential}"
             elif not unsigned:

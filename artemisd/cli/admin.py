@@ -2,15 +2,19 @@
 
 The daemon's address comes from ``--server URL``, else ``$ARTEMIS_SERVER``,
 else ``Listen=`` in artemis.conf (``--config``, default /etc/artemis/artemis.conf).
-Requests that change something (approve, deny) are signed with a munge
-credential of the caller (``munge -s <sha256 of body>``), as the daemon
-requires; reads are open.
+With ``AuthType=munge`` (the default) every request is signed with a munge
+credential of the caller, bound to that one request: its payload is
+``artemis-request-v2 <METHOD> <PATH> <SHA256 of body>`` (``artemisd.auth.request_payload``),
+so it is good for nothing else.  Approve and deny need it; reads are open today
+and are signed all the same (a GET signs the empty body), so a daemon that
+requires credentials for reads is answered too.  A read whose credential
+cannot be made (no ``munge`` command here) goes unsigned and the daemon
+decides; a write fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +24,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any
 
+from artemisd.auth import request_payload
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
 from artemisd.incident import Incident
@@ -27,6 +32,9 @@ from artemisd.verify import window_throughput
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
 TIMEOUT_S = 30.0
+PLOT_REPORTS = 50_000  # the newest window reports a plot reads (the daemon pages them)
+WINDOWS_PAGE = 20_000  # reports a page asks for (the daemon's most)
+MAX_PAGES = 1_000
 
 
 class ClientError(RuntimeError):
@@ -39,8 +47,13 @@ class Client:
         self.munge_socket = munge_socket
         self.sign = sign
 
-    def _credential(self, body: bytes) -> str:
-        argv = ["munge", "-s", hashlib.sha256(body).hexdigest()]
+    def _credential(self, method: str, path: str, body: bytes) -> str:
+        """A credential for ``method`` on ``path`` (the request-target as sent) with ``body``."""
+        try:
+            payload = request_payload(method, path, body)
+        except ValueError as err:
+            raise ClientError(f"cannot sign {method} {path!r}: {err}") from None
+        argv = ["munge", "-s", payload]
         if self.munge_socket:
             argv += ["-S", self.munge_socket]
         try:
@@ -52,10 +65,19 @@ class Client:
         return proc.stdout.strip()
 
     def request(self, method: str, path: str, body: bytes = b"") -> Any:
-        req = urllib.request.Request(f"{self.server}{path}", data=body if method == "POST" else None, method=method)
+        sent = body if method == "POST" else b""
+        req = urllib.request.Request(f"{self.server}{path}", data=sent if method == "POST" else None, method=method)
         req.add_header("Content-Type", "application/json")
-        if self.sign and method == "POST":
-            req.add_header("Authorization", f"Munge {self._credential(body)}")
+        if self.sign:
+            # Signed for the request-target urllib sends (the server URL's own path included).
+            try:
+                credential = self._credential(method, req.selector or "/", sent)
+            except ClientError:
+                if method == "POST":
+                    raise
+                credential = None  # a read: open unless the daemon says otherwise (its 401 names why)
+            if credential is not None:
+                req.add_header("Authorization", f"Munge {credential}")
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310 - the site's own daemon
                 return json.loads(resp.read())
@@ -74,6 +96,9 @@ def client_from(args: argparse.Namespace) -> Client:
     munge_socket, sign = None, True
     config_path = args.config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
     if config_path:
+        # Not secure=True, unlike artemisd: here the file only says where the daemon is and
+        # whether to sign; a credential is bound to its one request and the daemon judges it.
+        # Refusing would lock users out of a read-only command and protect nothing.
         config = load_config(config_path)
         munge_socket = config.daemon.munge_socket
         sign = config.daemon.auth_type == "munge"
@@ -116,8 +141,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    data = client_from(args).request("GET", "/v1/incidents" + ("?all=1" if args.all else ""))
-    incidents = [i for i in data["incidents"] if args.job is None or i["job"] == args.job]
+    client = client_from(args)
+    incidents: list[dict[str, Any]] = []
+    offset: int | None = 0
+    for _ in range(MAX_PAGES):  # the daemon pages its answer; a bound in case it never says "last"
+        data = client.request("GET", f"/v1/incidents?offset={offset}" + ("&all=1" if args.all else ""))
+        incidents += [i for i in data["incidents"] if args.job is None or i["job"] == args.job]
+        offset = data.get("next")
+        if offset is None:
+            break
     if args.json:
         for inc in incidents:
             print(json.dumps(inc))
@@ -153,13 +185,27 @@ def cmd_show(args: argparse.Namespace) -> int:
             tail = " — ".join(x for x in (a["why"], a["result"]) if x)
             print(f"  {_time(a['time'])}  {a['who']:<8} {a['what']}" + (f"  ({tail[:160]})" if tail else ""))
     if args.plot:
-        windows = client.request("GET", f"/v1/incidents/{args.incident}/windows")
+        windows = newest_windows(client, args.incident, PLOT_REPORTS)
         plot_timeline(windows, args.plot, audit=data["audit"])
         print(f"\nwrote {args.plot}", file=sys.stderr)
         if windows.get("left_out"):
             print(f"(the job's newest {len(windows['windows']):,} window reports; the daemon left out "
                   f"{windows['left_out']:,} older ones)", file=sys.stderr)
     return 0
+
+
+def newest_windows(client: Client, incident: str, at_most: int) -> dict[str, Any]:
+    """The job's newest stored window reports, ``at_most`` or a little more (whole windows), read
+    page by page, older pages first in the list as the daemon stored them."""
+    page = client.request("GET", f"/v1/incidents/{incident}/windows?limit={WINDOWS_PAGE}")
+    windows = page["windows"]
+    for _ in range(MAX_PAGES):
+        if "before" not in page or len(windows) >= at_most:
+            break
+        page = client.request("GET", f"/v1/incidents/{incident}/windows?limit={WINDOWS_PAGE}"
+                                     f"&before={page['before']}")
+        windows = page["windows"] + windows
+    return {"incident": page["incident"], "windows": windows, "left_out": page["left_out"]}
 
 
 def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:

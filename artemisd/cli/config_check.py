@@ -10,6 +10,8 @@ from artemisd.config import ConfigError, load_config
 
 def run(args: argparse.Namespace) -> int:
     try:
+        # Not secure=True: who owns the file and who may write it are judged by the daemon against
+        # its own user (unknown here), and checking a copy in one's home directory must work.
         config = load_config(args.file)
     except ConfigError as err:
         print(f"{err}", file=sys.stderr)

@@ -82,7 +82,7 @@ def format_table(incidents: list[Incident]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config)  # not secure=True: an offline replay acts on nothing
     except ConfigError as err:
         print(f"artemis replay: {err}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ re-run safely.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +25,63 @@ class SlurmError(RuntimeError):
     def __init__(self, message: str, transient: bool = True):
         super().__init__(message)
         self.transient = transient
+
+
+# --- what may reach Slurm ----------------------------------------------------
+#
+# Every value Artemis passes to a Slurm command comes, one way or another,
+# from a report: a job id a user wrote, a node a probe named.  The commands
+# parse their argv with getopt, where an option with an *optional* argument
+# (squeue's ``--jobs``) reads a following "--iterate=1" as an option of its
+# own, and where scontrol reads "NodeName=n1 n2" as a hostlist of two nodes.
+# So each value is held to Slurm's own syntax for one object before any call,
+# and passed as ``--opt=value`` besides: refused here, it never becomes argv.
+
+# A job id as Slurm prints it: the job, an array task (``_N``) or a
+# heterogeneous component (``+N``); uint32, no leading zeros (Slurm would read
+# "0042" as job 42, and the daemon would key that answer under another id).
+_JOB_ID = re.compile(r"([1-9][0-9]{0,9})(?:_(0|[1-9][0-9]{0,9})|\+(0|[1-9][0-9]{0,3}))?")
+# One node or partition name (slurm.conf NodeName=/PartitionName=): no
+# hostlist brackets, commas or blanks, so one name can only ever mean one node.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# A job's feature constraint (``--constraint``): features and their operators.
+_FEATURES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:*!&|,()\[\]-]{0,1023}")
+_UINT32_MAX = 0xFFFFFFFF
+
+
+def job_id_problem(value: object) -> str | None:
+    """Why ``value`` is not one Slurm job id, or None."""
+    text = value if isinstance(value, str) else ""
+    match = _JOB_ID.fullmatch(text)
+    if match is None or any(int(part) > _UINT32_MAX for part in match.groups() if part is not None):
+        shown = repr(value)[:40]
+        return f"{shown} is not a Slurm job id (digits, with _N for an array task or +N for a het component)"
+    return None
+
+
+def check_job_id(value: str) -> str:
+    """``value`` if it is one Slurm job id; else ``SlurmError`` (permanent), and no command runs."""
+    problem = job_id_problem(value)
+    if problem:
+        raise SlurmError(f"job id {problem}", transient=False)
+    return value
+
+
+def check_name(kind: str, value: str) -> str:
+    """``value`` if it is one node or partition name (``kind`` says which, for the message)."""
+    if not isinstance(value, str) or _NAME.fullmatch(value) is None:
+        raise SlurmError(f"{kind} {repr(value)[:40]} is not one Slurm {kind} name "
+                         "(letters, digits, '.', '_', '-')", transient=False)
+    return value
+
+
+def check_features(value: str) -> str:
+    """``value`` if it is a feature constraint Slurm can read (no blanks, '=' or leading '-')."""
+    if not isinstance(value, str) or _FEATURES.fullmatch(value) is None:
+        raise SlurmError(f"features {repr(value)[:40]} is not a Slurm constraint", transient=False)
+    return value
+
+
 
 
 @dataclass(frozen=True)

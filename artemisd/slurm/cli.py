@@ -23,7 +23,8 @@ from typing import Any
 
 import hostlist
 
-from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError
+from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError, check_features, check_job_id, check_name
+from artemisd.slurm.scope import CURRENT_SCOPE
 
 # Messages that mean the request itself is wrong, so retrying cannot help.
 _PERMANENT = ("invalid job id", "invalid node name", "invalid feature", "job is no longer pending",
@@ -51,19 +52,34 @@ class CliSlurm:
     # --- plumbing -------------------------------------------------------
 
     def _run(self, *argv: str) -> str:
+        """The command's stdout; killed when the read it serves is cancelled (``CancelScope``)."""
+        scope = CURRENT_SCOPE.get()
+        if scope is not None and scope.cancelled:
+            raise SlurmError(f"{' '.join(argv[:3])}: cancelled, nobody waits for the answer", transient=False)
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout,
-                                  env=self.env, check=False)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=self.env)
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]}: not installed", transient=False) from None
+        if scope is not None:
+            scope.started(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             raise SlurmError(f"{' '.join(argv[:3])}: no answer in {self.timeout:.0f} s") from None
+        finally:
+            if scope is not None:
+                scope.finished(proc)
+        if scope is not None and scope.cancelled:
+            raise SlurmError(f"{' '.join(argv[:3])}: cancelled, nobody waits for the answer", transient=False)
         if proc.returncode != 0:
-            message = (proc.stderr or proc.stdout).strip().splitlines()
+            message = (stderr or stdout).strip().splitlines()
             text = message[-1] if message else f"exit status {proc.returncode}"
             permanent = any(p in text.lower() for p in _PERMANENT)
             raise SlurmError(f"{' '.join(argv[:3])}: {text}", transient=not permanent)
-        return proc.stdout
+        return stdout
 
     def _json(self, *argv: str) -> dict[str, Any]:
         out = self._run(*argv)
@@ -75,20 +91,20 @@ class CliSlurm:
     # --- reads ----------------------------------------------------------
 
     def node(self, name: str) -> NodeInfo:
-        data = self._json("sinfo", "--json", "--nodes", name)
+        data = self._json("sinfo", "--json", f"--nodes={check_name('node', name)}")
         for entry in data.get("nodes", []):
             if entry.get("name") == name:
                 return _node_from_json(entry)
         raise SlurmError(f"sinfo: no node {name}", transient=False)
 
     def partition_nodes(self, partition: str) -> tuple[NodeInfo, ...]:
-        data = self._json("sinfo", "--json", "--partition", partition)
+        data = self._json("sinfo", "--json", f"--partition={check_name('partition', partition)}")
         # Filtered here too: the node list is what budgets are computed over.
         nodes = (_node_from_json(e) for e in data.get("nodes", []) if partition in (e.get("partitions") or ()))
         return tuple({n.name: n for n in nodes}.values())
 
     def job(self, job_id: str) -> JobInfo | None:
-        data = self._json("squeue", "--json", "--jobs", job_id)
+        data = self._json("squeue", "--json", f"--jobs={check_job_id(job_id)}")
         for entry in data.get("jobs", []):
             if str(entry.get("job_id")) == job_id:
                 return _job_from_json(entry)
@@ -99,7 +115,7 @@ class CliSlurm:
         fields = ("JobID", "UID", "State", "Partition", "NodeList", "NCPUS", "AdminComment")
         try:
             out = self._run("sacct", "--noheader", "--parsable2", "--allocations",
-                            "--jobs", job_id, "--format", ",".join(fields))
+                            f"--jobs={check_job_id(job_id)}", f"--format={','.join(fields)}")
         except SlurmError as err:
             if "accounting storage is disabled" in str(err).lower():
                 return None
@@ -121,31 +137,33 @@ class CliSlurm:
     # --- writes ---------------------------------------------------------
 
     def drain(self, node: str, reason: str) -> None:
-        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+        self._run("scontrol", "update", f"NodeName={check_name('node', node)}", "State=DRAIN", f"Reason={reason}")
 
     def resume(self, node: str) -> None:
-        self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        self._run("scontrol", "update", f"NodeName={check_name('node', node)}", "State=RESUME")
 
     def requeue_hold(self, job_id: str) -> None:
-        self._run("scontrol", "requeuehold", job_id)
+        self._run("scontrol", "requeuehold", check_job_id(job_id))
 
     def release(self, job_id: str) -> None:
-        self._run("scontrol", "release", job_id)
+        self._run("scontrol", "release", check_job_id(job_id))
         # A requeued job gets a BeginTime ~ now + 2 x MinJobAge; start it now.
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def set_excluded_nodes(self, job_id: str, nodes: tuple[str, ...]) -> None:
-        self._run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={collect_hostlist(nodes)}")
+        for node in nodes:
+            check_name("node", node)
+        self._run("scontrol", "update", f"JobId={check_job_id(job_id)}", f"ExcNodeList={collect_hostlist(nodes)}")
 
     def set_features(self, job_id: str, features: str) -> None:
-        self._run("scontrol", "update", f"JobId={job_id}", f"Features={features}")
+        self._run("scontrol", "update", f"JobId={check_job_id(job_id)}", f"Features={check_features(features)}")
 
     def set_admin_comment(self, job_id: str, comment: str, finished: bool) -> None:
         if finished:
-            self._run("sacctmgr", "-i", "modify", "job", "where", f"JobID={job_id}",
+            self._run("sacctmgr", "-i", "modify", "job", "where", f"JobID={check_job_id(job_id)}",
                       "set", f"AdminComment={comment}")
         else:
-            self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={comment}")
+            self._run("scontrol", "update", f"JobId={check_job_id(job_id)}", f"AdminComment={comment}")
 
 
 def _node_from_json(entry: dict[str, Any]) -> NodeInfo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError
+from artemisd.slurm.api import JobInfo, NodeInfo, SlurmError, check_job_id, check_name
 from artemisd.slurm.cli import CliSlurm, collect_hostlist, expand_hostlist
 
 
@@ -32,12 +32,14 @@ class PySlurm(CliSlurm):
             raise SlurmError(f"pyslurm {what}: {err}") from None
 
     def node(self, name: str) -> NodeInfo:
-        node = self._call("node", self._ps.Node.load, name)
+        node = self._call("node", self._ps.Node.load, check_name("node", name))
         states = {str(node.state).upper(), *(str(f).upper() for f in (node.state_flags or ()))}
         return NodeInfo(name=name, states=frozenset(states), reason=node.reason or "",
                         partitions=tuple(node.partitions or ()))
 
     def job(self, job_id: str) -> JobInfo | None:
+        if not check_job_id(job_id).isdigit():
+            return super().job(job_id)  # an array task or het component: pyslurm's Job.load takes an int
         try:
             job = self._ps.Job.load(int(job_id))
         except self._ps.RPCError:
@@ -54,11 +56,15 @@ class PySlurm(CliSlurm):
                        cpus=int(job.cpus) if getattr(job, "cpus", None) else None)
 
     def drain(self, node: str, reason: str) -> None:
-        self._call("drain", self._ps.Node(node).modify, self._ps.Node(state="DRAIN", reason=reason))
+        self._call("drain", self._ps.Node(check_name("node", node)).modify, self._ps.Node(state="DRAIN", reason=reason))
 
     def resume(self, node: str) -> None:
-        self._call("resume", self._ps.Node(node).modify, self._ps.Node(state="RESUME"))
+        self._call("resume", self._ps.Node(check_name("node", node)).modify, self._ps.Node(state="RESUME"))
 
     def set_excluded_nodes(self, job_id: str, nodes: tuple[str, ...]) -> None:
+        for node in nodes:
+            check_name("node", node)
+        if not check_job_id(job_id).isdigit():
+            return super().set_excluded_nodes(job_id, nodes)
         self._call("update", self._ps.Job(int(job_id)).modify,
                    self._ps.JobSubmitDescription(excluded_nodes=collect_hostlist(nodes)))

@@ -8,7 +8,6 @@ sockets are closed by their ``with`` blocks and the daemon is stopped by PID.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import resource
@@ -113,13 +112,13 @@ class StandaloneDaemon:
         self.stop()
 
 
-def munge_credential(munge_socket: str | Path, body: bytes) -> str:
-    """A root credential for ``body`` (through libmunge: fast enough for thousands)."""
+def munge_credential(munge_socket: str | Path, body: bytes, method: str = "POST", path: str = "/v1/reports") -> str:
+    """A root credential for ``method`` on ``path`` with ``body`` (through libmunge: fast enough for thousands)."""
     from torch_hook.munge import MungeSigner
 
     signer = MungeSigner(str(munge_socket))
     try:
-        cred = signer.credential(body)
+        cred = signer.credential(method, path, body)
     finally:
         signer.close()
     assert cred, signer.last_error
@@ -263,5 +262,17 @@ def closed_by_peer(sock: socket.socket, timeout_s: float) -> float | None:
     return None
 
 
-def digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
+def credential_as(munge_socket: str | Path, user: str, body: bytes, method: str = "POST",
+                  path: str = "/v1/reports") -> str:
+    """A credential made by ``user`` (a name in /etc/passwd; root runs this) for ``method`` on ``path``
+    with ``body``: a sender that is not root, or several different ones."""
+    import pwd
+    import subprocess
+
+    from torch_hook.munge import request_payload
+
+    entry = pwd.getpwnam(user)
+    done = subprocess.run(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups",
+                           "munge", "-S", str(munge_socket), "-s", request_payload(method, path, body)],
+                          capture_output=True, text=True, timeout=10, check=True)
+    return done.stdout.strip()

@@ -152,7 +152,8 @@ def decisions(daemon: ArtemisDaemon, incident: str) -> list[tuple[str, str]]:
 
 
 def approve(cluster: SlurmCluster, daemon: ArtemisDaemon, incident: str) -> tuple[int, dict]:
-    return post(daemon.url, f"/v1/incidents/{incident}/approve", b"", credential(cluster, b""))
+    path = f"/v1/incidents/{incident}/approve"
+    return post(daemon.url, path, b"", credential(cluster, b"", path=path))
 
 
 def reload(daemon: ArtemisDaemon, conf: str) -> None:

@@ -9,7 +9,6 @@ arriving for the same subject do not open a second incident.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from artemisd.auth import request_payload
 from tests.unit.windows import lockstep
 
 from . import faults
@@ -31,7 +31,8 @@ POLICY = "PartitionPolicy=main Auto=drain,requeue,escalate MaxDrainFraction=0.5 
 
 def send(cluster: SlurmCluster, url: str, items: list[dict]) -> dict:
     body = json.dumps(items).encode()
-    cred = subprocess.run(["munge", "-S", str(cluster.munge_socket), "-s", hashlib.sha256(body).hexdigest()],
+    cred = subprocess.run(["munge", "-S", str(cluster.munge_socket), "-s",
+                           request_payload("POST", "/v1/reports", body)],
                           capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     req = urllib.request.Request(f"{url}/v1/reports", data=body, method="POST",
                                  headers={"Authorization": f"Munge {cred}"})

@@ -49,7 +49,8 @@ def test_artemis_on_instruments_batch_and_every_step_and_reports_job_start_end(
     ends = sorted(r["node"] for r in events if r["event"] == "job_end")
     step_nodes = sorted(line.split()[1] for line in lines if line.startswith("step"))
     assert starts == ends == step_nodes
-    # Every node event carries a munge credential for exactly its body, made by root.
+    # Every node event carries a munge credential made by root for exactly its request:
+    # this method, this path and this body (artemisd/auth.py, request_payload).
     for req in daemon.recorder.requests:
         if req.path != "/v1/reports" or not any(r.get("job") == job for r in req.json()):
             continue
@@ -57,7 +58,8 @@ def test_artemis_on_instruments_batch_and_every_step_and_reports_job_start_end(
         decoded = slurm_cluster.munge.decode(credential)
         assert scheme == "Munge" and decoded.returncode == 0
         assert re.search(r"^UID:\s+root \(0\)", decoded.stdout, re.M)
-        assert decoded.stdout.rstrip().endswith(hashlib.sha256(req.body).hexdigest())
+        assert decoded.stdout.split("\n\n", 1)[1] == \
+            f"artemis-request-v2 POST /v1/reports {hashlib.sha256(req.body).hexdigest()}"
 
 
 @pytest.mark.parametrize("flag", [None, "--artemis=off"])

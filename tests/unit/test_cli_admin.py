@@ -200,3 +200,57 @@ def test_metrics_endpoint(daemon):
     with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     assert 'artemis_reports_total{outcome="accepted"} 16.0' in text
+
+
+# --- credentials bound to their request (issue 27, item 6) ----------------------------------------
+
+
+
+def test_the_cli_signs_every_request_for_itself(munged):
+    """Writes and reads alike (a read signs the empty body), each for its own method and path."""
+    from artemisd.auth import request_payload
+    from artemisd.cli.admin import Client, ClientError
+    from tests.cluster.recorder import RecordingDaemon
+
+    with RecordingDaemon() as recorder:
+        client = Client(recorder.endpoint + "/", str(munged.socket), sign=True)
+        client.request("POST", "/v1/incidents/INC-7/deny")
+        with pytest.raises(ClientError, match="404"):  # the recorder serves no incidents; the request went out
+            client.request("GET", "/v1/incidents?all=1")
+        requests = list(recorder.recorder.requests)
+    assert [(r.method, r.path, r.body) for r in requests] == [("POST", "/v1/incidents/INC-7/deny", b""),
+                                                               ("GET", "/v1/incidents?all=1", b"")]
+    for req in requests:
+        scheme, credential = req.headers["Authorization"].split(" ", 1)
+        decoded = munged.decode(credential)
+        assert scheme == "Munge" and decoded.returncode == 0, decoded.stderr
+        assert decoded.stdout.split("\n\n", 1)[1] == request_payload(req.method, req.path, b"")
+
+
+def test_a_read_goes_unsigned_where_no_credential_can_be_made_and_a_write_fails(tmp_path):
+    from artemisd.cli.admin import Client, ClientError
+    from tests.cluster.recorder import RecordingDaemon
+
+    with RecordingDaemon() as recorder:
+        client = Client(recorder.endpoint, str(tmp_path / "no-munged.socket"), sign=True)
+        with pytest.raises(ClientError, match="munge"):
+            client.request("POST", "/v1/incidents/INC-7/approve")
+        with pytest.raises(ClientError, match="404"):
+            client.request("GET", "/v1/nodes/n1")
+        requests = list(recorder.recorder.requests)
+    assert [(r.method, r.path, "Authorization" in r.headers) for r in requests] == [("GET", "/v1/nodes/n1", False)]
+
+
+def test_the_cli_against_a_daemon_that_checks_munge_credentials(tmp_path, munged, capsys):
+    d = Artemisd(tmp_path)
+    d.conf.write_text(d.conf.read_text().replace("AuthType=none\n", f"AuthType=munge\nMungeSocket={munged.socket}\n"))
+    d.start()
+    try:
+        assert artemis(["status", "--config", str(d.conf)]) == 0
+        assert "auth=munge" in capsys.readouterr().out
+        # root is an admin: the credential passed, and the daemon looked the incident up.
+        assert artemis(["deny", "INC-424242", "--config", str(d.conf)]) == 1
+        err = capsys.readouterr().err
+        assert "404" in err and "no incident INC-424242" in err
+    finally:
+        d.stop()

@@ -43,7 +43,7 @@ def test_auto_without_approve_leaves_the_rest_to_approval():
     ("Listen=7600\n", "Listen", 1),
     ("\n\nPartitionPolicy=x MaxDrainFraction=2\n", "MaxDrainFraction", 3),
     ("PartitionPolicy=x Bogus=1\n", "Bogus", 1),
-    ("PartitionPolicy=x Auto=drain Approve=drain\n", "PartitionPolicy", 1),
+    ("PartitionPolicy=x Auto=drain Approve=drain\n", "Approve", 1),  # issue 27: not the block's opening key
     ("RetryBackoff=soon\n", "RetryBackoff", 1),
     ("MaxBodySize=lots\n", "MaxBodySize", 1),
     ("MaxBodySize=4M\nMaxBodyMemory=1M\n", "MaxBodyMemory", 2),

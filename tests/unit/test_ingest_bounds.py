@@ -31,6 +31,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from artemisd.auth import MungeAuth, NoAuth
 from artemisd.cli import main as artemis
 from artemisd.config import parse_config_text
+from artemisd.ingest import IngestError, decode_body
 from artemisd.pipeline import MAX_OPEN_WINDOWS, MAX_STEPS_PER_JOB
 from artemisd.server import make_app
 from artemisd.service import Daemon
@@ -77,11 +78,12 @@ def munged():
 
 
 def signed_as_nobody(munge, body: bytes) -> str:
-    """``Munge <cred>`` made by the user ``nobody``: a job owner without any privilege."""
-    from artemisd.auth import body_digest
+    """``Munge <cred>`` for ``POST /v1/reports`` with ``body``, made by the user ``nobody``: a job owner
+    without any privilege."""
+    from artemisd.auth import request_payload
 
     out = subprocess.run(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
-                          "munge", "-S", str(munge.socket), "-s", body_digest(body)],
+                          "munge", "-S", str(munge.socket), "-s", request_payload("POST", "/v1/reports", body)],
                          capture_output=True, text=True, timeout=10, check=True)
     return f"Munge {out.stdout.strip()}"
 
@@ -404,3 +406,107 @@ def test_finding6_state_after_a_restart_is_the_state_before(tmp_path):
         assert [i.model_dump() for i in after.analyzer.incidents] == [i.model_dump() for i in before.analyzer.incidents]
     finally:
         after.store.close()
+
+
+# --- issue 27, finding 9: JSON Lines whose first line starts with "[" -----------------------
+#
+# A body that starts with "[" was read as one JSON array; where it was JSON Lines
+# with a hostile first line (5,000 deep), the array reading stopped at that line
+# and every good line after it was lost (HTTP 200, 0 of 4 kept).
+
+FIRST_LINES = {
+    "deep": DEEP,
+    "deep unclosed": "[" * 5000,
+    "deep, then garbage": "[" * 5000 + "x",
+    "deep object in an array": "[" + '{"a": ' * 300 + "1" + "}" * 300 + "]",
+    "deep in an object in an array": '[{"x": ' + DEEP + "}]",
+    "an array of records": None,  # good(5) on one line: a line that is an array is one item
+    "empty array": "[]",
+    "over-closed": "[]]]]",
+    "unclosed": '[{"type": "window", "v": 1',
+    "unclosed string": '["abc',
+    "garbage": "[garbage",
+    "bad UTF-8": b'["\xff\xfe", {"a": "\xc3"}]',
+    "lone surrogate": '["\\ud800"]',
+    "opens what the next lines would close": "[" * 5000 + '{"a": ',
+    "an array of 100,001 items": "[" + "0, " * 100_000 + "0]",
+}
+
+
+TOO_DEEP_ENDS_THE_ARRAY = "not JSON: nested deeper than 200 levels; the rest of the array was not read"
+
+
+def _first_line(name: str) -> bytes | str:
+    return json.dumps(good(5)) if FIRST_LINES[name] is None else FIRST_LINES[name]
+
+
+@pytest.mark.parametrize("name", list(FIRST_LINES))
+def test_json_lines_keep_their_good_lines_whatever_the_first_line_holds(name):
+    g = good(0)
+    items = decode_body(lines(_first_line(name), *g))
+    assert [index for index, _, _ in items] == [0, 1, 2, 3, 4]
+    assert [(value, error) for _, value, error in items[1:]] == [(item, None) for item in g]
+    _, value, error = items[0]
+    assert error is not None or not isinstance(value, dict)  # never a record
+    if name.startswith("deep"):
+        assert error == "not JSON: nested deeper than 200 levels"
+
+
+@pytest.mark.parametrize("name", ["deep", "deep unclosed", "garbage", "bad UTF-8", "an array of records"])
+def test_json_lines_with_a_hostile_first_line_over_http(tmp_path, name):
+    async def scenario():
+        async with Server(tmp_path) as srv:
+            status, reply = await srv.post(lines(_first_line(name), *good(0)))
+            assert status == 200 and reply["accepted"] == 4, reply
+            assert list(errors_by_index(reply)) == [0] and srv.daemon.store.record_count() == 4
+    asyncio.run(scenario())
+
+
+def test_json_lines_with_a_deep_first_line_through_the_real_daemon(tmp_path):
+    """The issue's body, as it was found: the real artemisd kept 0 of 4."""
+    d = Artemisd(tmp_path).start()
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/reports", body=lines(DEEP, *good(0)))
+        resp = conn.getresponse()
+        reply = json.loads(resp.read())
+        assert resp.status == 200 and reply["accepted"] == 4, reply
+        assert errors_by_index(reply) == {0: "not JSON: nested deeper than 200 levels"}
+        assert d.get("/v1/status")["records"] == 4
+    finally:
+        conn.close()
+        d.stop()
+
+
+def test_a_pretty_printed_array_is_still_one_array():
+    g = good(0)
+    assert decode_body(json.dumps(g, indent=2).encode()) == [(i, item, None) for i, item in enumerate(g)]
+    # Pydantic-core refuses these bodies as a whole; they are still one array, item by item.
+    texts = [json.dumps(item, indent=2) for item in g]
+    bad_utf8 = json.dumps({**g[1], "island": "ISL"}, indent=2).encode().replace(b"ISL", b"\xff")
+    body = b"[\n" + b",\n".join([texts[0].encode(), bad_utf8, texts[2].encode(), texts[3].encode()]) + b"\n]"
+    items = decode_body(body)
+    assert [index for index, _, _ in items] == [0, 1, 2, 3] and all(error is None for _, _, error in items)
+    assert items[1][1]["island"] == "\udcff" and [v for _, v, _ in items[::2]] == g[::2]
+    # An element too deep: read as an array, as before (the rest of the array is not read).
+    body = ("[\n" + ",\n".join([texts[0], texts[1], "  " + DEEP, texts[2]]) + "\n]").encode()
+    assert decode_body(body) == [(0, g[0], None), (1, g[1], None),
+                                 (2, None, TOO_DEEP_ENDS_THE_ARRAY)]
+    # Brackets, quotes and backslashes inside strings are not structure.
+    tricky = [{**item, "island": '[[[[ "\\" ]] {\\'} for item in g]
+    texts = [json.dumps(item, indent=2) for item in tricky]
+    body = ("[\n" + ",\n".join([texts[0], texts[1], "  " + DEEP, texts[2]]) + "\n]").encode()
+    assert decode_body(body) == [(0, tricky[0], None), (1, tricky[1], None),
+                                 (2, None, TOO_DEEP_ENDS_THE_ARRAY)]
+    body = lines(DEEP, *tricky)
+    assert decode_body(body)[1:] == [(i, item, None) for i, item in enumerate(tricky, start=1)]
+
+
+def test_a_one_line_array_is_read_as_before():
+    g = good(0)
+    body = f"[{json.dumps(g[0])}, {json.dumps(g[1])}, {DEEP}, {json.dumps(g[2])}]".encode()
+    assert decode_body(body) == [(0, g[0], None), (1, g[1], None),
+                                 (2, None, TOO_DEEP_ENDS_THE_ARRAY)]
+    with pytest.raises(IngestError, match="not a JSON array"):
+        decode_body(f"[{json.dumps(g[0])}, garbage]".encode())
+    assert decode_body(json.dumps(g).encode()) == [(i, item, None) for i, item in enumerate(g)]

@@ -3,8 +3,9 @@
 Each body mixes good window reports of one 4-rank job with hostile items made
 from what was found against the daemon: integers at and past int64, NaN and
 Infinity tokens, lone surrogate escapes, invalid UTF-8, overlong strings,
-nesting past the limit (5,000 deep), worlds and ranks out of range, wrong
-types, arbitrary JSON, truncated lines.  Properties, for every body:
+nesting past the limit (5,000 deep, in an item and as a whole line), brackets
+left open, worlds and ranks out of range, wrong types, arbitrary JSON,
+truncated lines; in JSON Lines any of them may be the first line.  Properties, for every body:
 
 * the reply is 200 (never a 5xx, never a lost body);
 * every good item is accepted, every other item is accounted for with a
@@ -95,8 +96,9 @@ def put(item: dict, path: str, value) -> None:
         target[int(last)] = value
 
 
-KINDS = ["field", "field", "field", "drop", "world", "value", "utf8", "truncate", "deep"]
-RAW = {"utf8", "truncate", "deep"}  # not valid JSON text: JSON Lines bodies only
+KINDS = ["field", "field", "field", "drop", "world", "value", "utf8", "truncate", "deep", "deep_array", "unclosed"]
+# Not valid JSON text, or (deep_array) an element that ends an array's reading: JSON Lines bodies only.
+RAW = {"utf8", "truncate", "deep", "deep_array", "unclosed"}
 BAD_BYTES = [b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80"]
 TEMPLATE_TEXT = json.dumps(TEMPLATE)
 
@@ -116,6 +118,11 @@ def hostile(kind: str, seed: int, value) -> bytes:
     if kind == "deep":
         depth = rng.choice([201, 250, 1000, 5000])
         return b'{"type": "window", "x": ' + b"[" * depth + b"]" * depth + b"}"
+    if kind == "deep_array":  # issue 27: as a first line, it took every good line after it
+        depth = rng.choice([201, 1000, 5000])
+        return b"[" * depth + b"]" * depth
+    if kind == "unclosed":
+        return b"[" * rng.choice([1, 3, 201, 5000]) + rng.choice([b"", b'{"type": "window"', b'"x'])
     item = json.loads(TEMPLATE_TEXT)
     item["rank"] = rng.randrange(4)
     if kind == "drop":
@@ -167,8 +174,7 @@ def body(as_lines: bool, seed: int, value) -> tuple[bytes, int, set[int]]:
         kind = rng.choice(KINDS)
         if kind in RAW and not as_lines:
             kind = "field"
-        # JSON Lines: line 0 stays good (a first line "[...]" would read as one JSON array).
-        items.insert(rng.randint(1 if as_lines else 0, len(items)), hostile(kind, rng.getrandbits(32), value))
+        items.insert(rng.randint(0, len(items)), hostile(kind, rng.getrandbits(32), value))
     good_at = {i for i, item in enumerate(items) if item in goods}
     text = b"\n".join(items) if as_lines else b"[" + b", ".join(items) + b"]"
     return text, len(items), good_at

@@ -34,9 +34,10 @@ def gpu_file(tmp_path: Path, **gpu0: object) -> Path:
     return path
 
 
-def run_check(tmp_path: Path, endpoint: str, *args: str, probe: bool = False) -> subprocess.CompletedProcess[str]:
+def run_check(tmp_path: Path, endpoint: str, *args: str, probe: bool = False,
+              auth: str = "AuthType=none") -> subprocess.CompletedProcess[str]:
     conf = tmp_path / "node.conf"
-    conf.write_text(f"Endpoint={endpoint}\nAuthType=none\nTimeoutSeconds=20\n"
+    conf.write_text(f"Endpoint={endpoint}\n{auth}\nTimeoutSeconds=20\n"
                     f"StateDir={tmp_path}/state\nNodeProbe={'yes' if probe else 'no'}\n"
                     f"Telemetry=emulated\nEmulatedGpuDir={tmp_path}/gpus\n")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "ARTEMIS_NODE_CONF": str(conf),
@@ -149,3 +150,37 @@ def test_comm_lib_version_reads_the_newest_soname(tmp_path: Path) -> None:
     for name in ("libnccl.so.2", "libnccl.so.2.18.1", "libnccl.so.2.21.5"):
         (tmp_path / name).write_bytes(b"")
     assert artemis_node.comm_lib_version([str(tmp_path)]) == "nccl 2.21.5"
+
+
+
+def test_every_request_of_the_node_check_is_signed_for_itself(tmp_path: Path, munged) -> None:
+    """GET corrections, each acknowledgement and the health event: each credential names its own
+    method, path and body, so root's credential for one is refused on any other (issue 27, item 6)."""
+    gpu_file(tmp_path, sm_clock_mhz=1200, power_limit_w=350, throttle=["sw_power_cap"])
+    with RecordingDaemon() as daemon:
+        daemon.recorder.corrections["n3"] = [{"id": "COR-1", "incident": "INC-7", "kind": "restore_power_limit",
+                                              "gpu": 0}]
+        # What is signed is the request-target as sent: Endpoint's trailing slash is not in it.
+        done = run_check(tmp_path, f"{daemon.endpoint}/", auth=f"AuthType=munge\nMungeSocket={munged.socket}")
+        assert done.returncode == 0, done.stderr
+        requests = list(daemon.recorder.requests)
+    seen = [(r.method, r.path) for r in requests]
+    assert ("GET", "/v1/nodes/n3/corrections") in seen and ("POST", "/v1/nodes/n3/corrections/COR-1") in seen
+    assert ("POST", "/v1/reports") in seen
+    for req in requests:
+        scheme, credential = req.headers["Authorization"].split(" ", 1)
+        decoded = munged.decode(credential)
+        assert scheme == "Munge" and decoded.returncode == 0, decoded.stderr
+        assert decoded.stdout.split("\n\n", 1)[1] == artemis_node.request_payload(req.method, req.path, req.body)
+
+
+def test_without_torch_hook_the_munge_command_signs_the_same_payload(munged, monkeypatch) -> None:
+    cfg = artemis_node.NodeConfig(endpoint="http://127.0.0.1:1", munge_socket=str(munged.socket), auth="munge")
+    for probe_module in (True, False):
+        if not probe_module:
+            monkeypatch.setattr(artemis_node, "import_probe_module", lambda name: None)
+        credential = artemis_node._credential(cfg, "GET", "/v1/nodes/n3/corrections", b"")
+        decoded = munged.decode(credential)
+        assert decoded.returncode == 0 and decoded.stdout.split("\n\n", 1)[1] == \
+            "artemis-request-v2 GET /v1/nodes/n3/corrections " + \
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

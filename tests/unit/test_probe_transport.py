@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.unit.http_stub import serving
-from torch_hook.munge import MungeSigner
+from torch_hook.munge import MungeSigner, request_payload
 from torch_hook.retry import Backoff, retry_after_s
 from torch_hook.transport import Sender
 
@@ -212,15 +212,16 @@ def munged(tmp_path):
     proc.wait(timeout=10)
 
 
-def test_munge_credential_carries_the_body_digest(munged, server):
+def test_munge_credential_binds_method_path_and_body(munged, server):
     body = b'[{"type":"window"}]'
     signer = MungeSigner(munged)
-    cred = signer.credential(body)
+    cred = signer.credential("POST", "/v1/reports", body)
     assert cred and cred.startswith("MUNGE:")
     decoded = subprocess.run(["unmunge", f"--socket={munged}", "--metadata=/dev/null"], input=cred.encode(),
-                             capture_output=True, timeout=10, check=True).stdout.decode().strip()
-    assert decoded == hashlib.sha256(body).hexdigest()
-    sender = Sender(server, munge_socket=munged)
+                             capture_output=True, timeout=10, check=True).stdout.decode()
+    assert decoded == f"artemis-request-v2 POST /v1/reports {hashlib.sha256(body).hexdigest()}"
+    # The endpoint's own path (a daemon behind a prefix) is part of the request-target signed.
+    sender = Sender(server + "/artemis/", munge_socket=munged)
     sender.submit(_report(0))
     sender.flush(5.0)
     sender.close()
@@ -228,8 +229,9 @@ def test_munge_credential_carries_the_body_digest(munged, server):
     assert auth and auth.startswith("Munge MUNGE:") and sender.unauthenticated == 0
     payload = subprocess.run(["unmunge", f"--socket={munged}", "--metadata=/dev/null"],
                              input=auth.split(" ", 1)[1].encode(), capture_output=True, timeout=10,
-                             check=True).stdout.decode().strip()
-    assert payload == hashlib.sha256(sent).hexdigest()
+                             check=True).stdout.decode()
+    assert payload == request_payload("POST", "/artemis/v1/reports", sent) == \
+        f"artemis-request-v2 POST /artemis/v1/reports {hashlib.sha256(sent).hexdigest()}"
 
 
 class _Unmunging(BaseHTTPRequestHandler):
@@ -244,11 +246,13 @@ class _Unmunging(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.rfile.read(int(self.headers["Content-Length"]))
         cred = (self.headers.get("Authorization") or " ").split(" ", 1)[1]
         decoded = subprocess.run(["unmunge", f"--socket={self.munged}", "--metadata=/dev/null"], input=cred.encode(),
                                  capture_output=True, timeout=10)
-        code = self.status if decoded.returncode == 0 else 401
+        # Made for this very request (method, path as sent, body), as artemisd requires.
+        bound = decoded.stdout.decode() == request_payload("POST", self.path, body)
+        code = self.status if decoded.returncode == 0 and bound else 401
         type(self).answers.append(code)
         reply = b"{}" if code == 200 else b'{"error": "x"}'
         self.send_response(code)
@@ -291,7 +295,7 @@ def test_each_daemon_of_a_list_gets_a_credential_of_its_own(munged):
 
 def test_munge_without_daemon_returns_none(tmp_path):
     signer = MungeSigner(str(tmp_path / "no.sock"))
-    assert signer.credential(b"x") is None and signer.last_error
+    assert signer.credential("POST", "/v1/reports", b"x") is None and signer.last_error
 
 
 class _Deferring(BaseHTTPRequestHandler):

@@ -150,7 +150,7 @@ def test_file_endpoint_appends_a_trace(tmp_path: Path) -> None:
     assert parse_record(json.loads(line)).event == "job_start"
 
 
-def test_munge_credential_covers_the_body(tmp_path: Path) -> None:
+def test_munge_credential_binds_method_path_and_body(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("runs a private munged")
     from tests.cluster.munge import Munged
@@ -163,7 +163,10 @@ def test_munge_credential_covers_the_body(tmp_path: Path) -> None:
         scheme, credential = req.headers["Authorization"].split(" ", 1)
         decoded = munged.decode(credential)
     assert scheme == "Munge" and decoded.returncode == 0
-    assert decoded.stdout.strip().endswith(hashlib.sha256(req.body).hexdigest())
+    # Bound to this one request: method, path as sent and body (artemisd/auth.py).
+    payload = decoded.stdout.split("\n\n", 1)[1]
+    assert (req.method, req.path) == ("POST", "/v1/reports")
+    assert payload == f"artemis-request-v2 POST /v1/reports {hashlib.sha256(req.body).hexdigest()}"
 
 
 def test_hard_timeout_is_disarmed_once_the_work_is_done():

@@ -219,21 +219,30 @@ def test_drain_with_root_evidence_requeues_excluding_the_node(tmp_path):
     run(scenario)
 
 
-def test_the_windows_a_plot_reads_are_the_newest_and_bounded(tmp_path, monkeypatch):
-    """Anyone may read them and they are decoded on the daemon's loop: a job of 100k ranks keeps
-    millions of reports, so only the newest WINDOW_REPORTS_SHOWN come back, whole windows, and
-    ``left_out`` counts the older ones."""
-    import artemisd.server as server
-
-    monkeypatch.setattr(server, "WINDOW_REPORTS_SHOWN", 20)  # two and a half windows of 8 ranks
+def test_the_windows_a_plot_reads_are_the_newest_paged_and_bounded(tmp_path):
+    """A job of 100k ranks keeps millions of reports, so a page holds the newest ``limit`` (whole
+    windows), ``left_out`` counts the older ones and ``before`` is where the next older page starts;
+    a limit out of range is refused by name."""
 
     async def scenario():
         async with Harness(tmp_path, "", cluster(), Clock()) as h:
             await hot_gpu_confirmed(h, range(8, 11))
             [inc] = await h.incidents()
-            got = await (await h.client.get(f"/v1/incidents/{inc['id']}/windows")).json()
+            url = f"/v1/incidents/{inc['id']}/windows"
+            got = await (await h.client.get(url, params={"limit": 20})).json()  # two and a half windows
             assert sorted({w["seq"] for w in got["windows"]}) == [9, 10] and len(got["windows"]) == 16
             assert got["left_out"] == 9 * 8  # windows 0-8 (the node check's event is not a window report)
+            seqs, pages = [w["seq"] for w in got["windows"]], 1
+            while "before" in got and pages < 20:
+                got = await (await h.client.get(url, params={"limit": 20, "before": got["before"]})).json()
+                seqs[:0] = [w["seq"] for w in got["windows"]]
+                pages += 1
+            assert sorted(set(seqs)) == list(range(11)) and len(seqs) == 11 * 8 and pages == 6
+            for bad in ({"limit": 0}, {"limit": 10**9}, {"limit": "x"}, {"before": "-1"}):
+                resp = await h.client.get(url, params=bad)
+                assert resp.status == 400 and next(iter(bad)) in (await resp.json())["error"]
+            resp = await h.client.get("/v1/incidents/INC-999/windows")
+            assert resp.status == 404
     run(scenario)
 
 

@@ -211,15 +211,27 @@ def test_the_newest_window_rows_up_to_a_number_of_reports(store):
     store.add_records([batch(0, 4), ("1", 1, "n1", 1.0, None, False, json.dumps({"w": 1, "rank": 0})),
                        batch(2, 4), ("2", 0, "n1", 2.0, None, False, "{}"), batch(3, 4),
                        ("1", None, "n1", 3.0, None, True, json.dumps({"type": "node"}))])
-    rows, left_out = store.recent_window_records("1", 8)  # windows 2 and 3: 8 reports; window 1's would be a 9th
+    rows, left_out, _ = store.recent_window_records("1", 8)  # windows 2 and 3: 8 reports; window 1's would be a 9th
     assert [r["w"] for r in rows] == [2] * 4 + [3] * 4 and left_out == 5
-    rows, left_out = store.recent_window_records("1", 9 + 3)  # window 0's four would be 13
+    rows, left_out, _ = store.recent_window_records("1", 9 + 3)  # window 0's four would be 13
     assert [r["w"] for r in rows] == [1] + [2] * 4 + [3] * 4 and left_out == 4
-    rows, left_out = store.recent_window_records("1", 9 + 4)
+    rows, left_out, _ = store.recent_window_records("1", 9 + 4)
     assert [r["w"] for r in rows] == [0] * 4 + [1] + [2] * 4 + [3] * 4 and left_out == 0
-    rows, left_out = store.recent_window_records("1", 2)  # the newest row whatever its size
+    rows, left_out, _ = store.recent_window_records("1", 2)  # the newest row whatever its size
     assert [r["w"] for r in rows] == [3] * 4 and left_out == 9
-    assert store.recent_window_records("nope", 5) == ([], 0)
+    assert store.recent_window_records("nope", 5) == ([], 0, None)
+    # Paged, newest first: each page is below the oldest row of the one before it, whole rows.
+    seen, before, pages = [], None, 0
+    while pages < 10:
+        rows, left_out, oldest = store.recent_window_records("1", 5, before=before)
+        if not rows:
+            break
+        seen[:0] = [r["w"] for r in rows]
+        pages, before = pages + 1, oldest
+        if not left_out:
+            break
+    assert seen == [0] * 4 + [1] + [2] * 4 + [3] * 4 and pages == 3  # [3], [1, 2], [0]
+    assert store.recent_window_records("1", 100, before=0) == ([], 0, None)
 
 
 def test_jobs_last_seen_and_highest_window(store):
