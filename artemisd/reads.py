@@ -182,3 +182,15 @@ def windows_page(store: StateStore, reader: Reader, incident_id: str, limit: int
     if page.left_out and page.oldest is not None:
         out["before"] = page.oldest
     return json.dumps(out).encode()
+
+
+def status_counts(store: StateStore, reader: Reader) -> dict[str, Any]:
+    """What ``GET /v1/status`` reads from the store (the caller adds what the daemon holds)."""
+    return {"instances": store.instances(), "incidents": store.incident_counts(),
+            # Job ids and owners are private where reads are (PrivateData=jobs).
+            "jobs": [] if reader.private else store.jobs()[:50],
+            "records": store.record_count(), "quarantined": store.quarantined(),
+            # Stored by any instance, not yet analysed by the leader: stays near a second's
+            # worth while the leader keeps up (it marks its progress about once a second).
+            "not_analysed": store.record_count(after=store.analysed_through()),
+            "open_actions": len(store.due_actions(float("inf")))}

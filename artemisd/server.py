@@ -371,23 +371,12 @@ async def post_correction(request: web.Request) -> web.Response:
 async def get_status(request: web.Request) -> web.Response:
     who = await reader(request)
     daemon = request.app[DAEMON]
-    counts: dict[str, int] = {}
-    for inc in daemon.store.incidents():
-        counts[inc.state] = counts.get(inc.state, 0) + 1
     d = daemon.config.daemon
     lease = daemon.lease
+    stored = await _read(request, lambda store: reads.status_counts(store, who))
     return _json({"version": __version__, "listen": d.listen, "dry_run": d.dry_run, "enabled": d.enabled,
                   "instance": daemon.instance, "role": daemon.role, "leader": lease.holder if lease else None,
-                  "instances": daemon.store.instances(),
-                  "auth": d.auth_type, "incidents": counts,
-                  # Job ids and owners are private where reads are (PrivateData=jobs).
-                  "jobs": [] if who.private else daemon.store.jobs()[:50],
-                  "records": daemon.store.record_count(), "quarantined": daemon.store.quarantined(),
-                  # Stored by any instance, not yet analysed by the leader: stays near a second's
-                  # worth while the leader keeps up (it marks its progress about once a second).
-                  "not_analysed": daemon.store.record_count(after=daemon.store.analysed_through()),
-                  "restore_skipped": daemon.restore_skipped,
-                  "open_actions": len(daemon.store.due_actions(float("inf")))})
+                  "auth": d.auth_type, **stored, "restore_skipped": daemon.restore_skipped})
 
 
 async def get_health(request: web.Request) -> web.Response:
