@@ -305,6 +305,7 @@ class DaemonSettings(_Section):
     verify_seconds: Seconds = Field(default=5.0, le=86_400)
     unknown_escalate_after: Seconds = 600.0
     unknown_escalate_loss: float = Field(default=20.0, ge=0.0, le=100.0)
+    escalate_loss: float = Field(default=2.0, ge=0.0, le=100.0)
     recur_escalate: int = Field(default=3, ge=0, le=1000)
     recovery_fraction: float = Field(default=0.95, gt=0.0, le=2.0)
     retry_backoff: Seconds = 5.0
@@ -432,6 +433,7 @@ class PartitionPolicy(_Section):
     checkpoint_interval: Seconds = 1800.0
     restart_cost: Seconds = 300.0
     transient_fault_time: Seconds = 600.0
+    unlimited_job_horizon: Seconds = Field(default=86_400.0, gt=0, le=366 * 86_400.0)
     probe: bool = True
     constraint: str | None = None
 
@@ -525,6 +527,8 @@ KEYS: dict[str, KeySpec] = {
     "VerifyWindows": KeySpec("daemon", "verify_windows", "windows measured after an action to verify it"),
     "UnknownEscalateAfter": KeySpec("daemon", "unknown_escalate_after",
                                     "an unknown cause with no deviating signal waits this long before a person is told"),
+    "EscalateLoss": KeySpec("daemon", "escalate_loss",
+                            "the least loss (% of the job's throughput) a person is paged for, any cause"),
     "UnknownEscalateLoss": KeySpec("daemon", "unknown_escalate_loss",
                                    "... and must cost at least this % of the job's healthy samples/s"),
     "RecurEscalate": KeySpec("daemon", "recur_escalate",
@@ -594,6 +598,8 @@ BLOCK_KEYS: dict[str, BlockSpec] = {
         "RestartCost": KeySpec("policy", "restart_cost", "time a requeued job needs to be training again"),
         "TransientFaultTime": KeySpec("policy", "transient_fault_time",
                                       "how long a slowdown that is not hardware is expected to last"),
+        "UnlimitedJobHorizon": KeySpec("policy", "unlimited_job_horizon",
+                                       "how long a job without a time limit is priced as running on"),
         "Probe": KeySpec("policy", "probe", "allow active matched probes in these jobs"),
         "Constraint": KeySpec("policy", "constraint", "feature expression added to a requeued job's Features"),
     }),

@@ -59,7 +59,8 @@ class Facts:
     rank's device index; ``opened_at``: when the incident was opened;
     ``measured_loss_pct``: the job's samples/s below healthy now; ``gpus``:
     the job's GPU (rank) count; ``time_left_s``: until the job's time limit
-    (None: not known, the slowdown's cost is then unbounded).
+    (None: not known, the slowdown's cost is then unbounded); ``unlimited``: the
+    job has no time limit (priced over the partition's ``UnlimitedJobHorizon``).
     """
 
     now: float
@@ -75,6 +76,7 @@ class Facts:
     measured_loss_pct: float | None = None
     gpus: int | None = None
     time_left_s: float | None = None
+    unlimited: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,25 @@ def unknown_held(inc: Incident, config: Config, facts: Facts) -> str | None:
             f"UnknownEscalateLoss={d.unknown_escalate_loss:g} %")
 
 
+def page_held(inc: Incident, config: Config, facts: Facts) -> str | None:
+    """Why paging a person about this incident is not worth their time, or None.
+
+    A page (an escalation, or a request to approve) spends a person's
+    attention; below ``EscalateLoss`` % of the job's throughput it is not
+    spent, whatever the cause.  The loss is the job's measured samples/s below
+    healthy where it is measured — a subject whose measured loss is ~0 costs
+    nobody anything, whatever its ratio — else the analysis' estimate; where
+    neither is known, the person is told.
+    """
+    loss = facts.measured_loss_pct if facts.measured_loss_pct is not None else inc.loss_pct
+    floor = config.daemon.escalate_loss
+    if loss is None or loss >= floor:
+        return None
+    which = "measured" if facts.measured_loss_pct is not None else "estimated"
+    return (f"costs {loss:.2f} % of the job's throughput ({which}), below EscalateLoss={floor:g} %: "
+            "not worth a person's time while it stays there")
+
+
 # --- price -------------------------------------------------------------------------------------
 
 
@@ -258,14 +279,18 @@ def rung_cost(kind: str, inc: Incident, pol: PartitionPolicy, facts: Facts) -> P
     if loss is None:
         return Price(True, f"{cost_text}; the slowdown's loss is not measured: acting")
     horizon = facts.time_left_s
+    if horizon is None and facts.unlimited:
+        horizon = pol.unlimited_job_horizon  # never the year Slurm gives such a job as its end
     if inc.cause not in PERSISTENT_CAUSES:
         horizon = pol.transient_fault_time if horizon is None else min(horizon, pol.transient_fault_time)
     if horizon is None:
         return Price(True, f"{cost_text}; the job's time left is not known: the slowdown's cost is unbounded")
     saved = gpus * loss * horizon / 3600.0
     verdict = "acting pays" if saved > cost else "waiting is cheaper"
+    over = (f" (no time limit: over UnlimitedJobHorizon={pol.unlimited_job_horizon / 3600.0:g} h)"
+            if facts.time_left_s is None and facts.unlimited and horizon == pol.unlimited_job_horizon else "")
     return Price(saved > cost, f"{cost_text}; the slowdown costs {gpus} GPU x {100 * loss:.1f} % x "
-                               f"{horizon / 3600.0:.2f} h = {saved:.2f} GPU-h: {verdict}")
+                               f"{horizon / 3600.0:.2f} h{over} = {saved:.2f} GPU-h: {verdict}")
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -330,7 +355,21 @@ def drain_budget(pol: PartitionPolicy, facts: Facts, approving: int | None = Non
 
 
 def plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str = "0") -> Plan:
-    """The decision for a confirmed, unresolved, denied or escalated incident (see the module doc)."""
+    """The decision for a confirmed, unresolved, denied or escalated incident (see the module doc).
+
+    A plan that would page a person (``escalate``) for a loss below
+    ``EscalateLoss`` waits instead (``page_held``), its ladder where it was.
+    """
+    decided = _plan(inc, plan_step, config, facts, step)
+    if decided.escalate is None:
+        return decided
+    held = page_held(inc, config, facts)
+    if held is None:
+        return decided
+    return Plan(plan_step, wait=held, notes=(Note("policy", "not escalated: below EscalateLoss", held),))
+
+
+def _plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str) -> Plan:
     if inc.kind is IncidentKind.JOB and facts.awaiting_probe:
         return Plan(plan_step, wait="the matched probe that may name the link is due: decided with its answer")
     held = unknown_held(inc, config, facts)

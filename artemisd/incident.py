@@ -180,8 +180,12 @@ class Result(BaseModel):
       job-wide subject, judged against ``throughput_healthy`` as it was.
 
     ``recovered`` <=> after >= RecoveryFraction x expected (healthy where
-    expected is null; artemis.conf).  The result is set (after and recovered
-    still null) once the action completes, and completed by verification.
+    expected is null; artemis.conf).  ``recovered_after_load_correction``
+    (additive): recovered only at the machine's pace, after being below
+    RecoveryFraction x healthy as it was — a person reading ``recovered:
+    true`` at half speed is told it rests on the load correction.  The
+    result is set (after and recovered still null) once the action
+    completes, and completed by verification.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -191,6 +195,7 @@ class Result(BaseModel):
     throughput_after: float | None = None
     throughput_expected: float | None = None
     recovered: bool | None = None
+    recovered_after_load_correction: bool | None = None
 
     def describe(self) -> str:
         """One line, the same in ``artemis show`` and in mail: healthy, slowed, after."""
@@ -205,7 +210,10 @@ class Result(BaseModel):
             line += (f", expected at the machine's pace then {self.throughput_expected:.1f} "
                      f"({100.0 * self.throughput_after / self.throughput_expected:.0f} %)")
         judged = self.recovered is not None or self.throughput_after is not None
-        return line + f"; recovered {self.recovered if judged else 'not yet judged'}"
+        line += f"; recovered {self.recovered if judged else 'not yet judged'}"
+        if self.recovered and self.recovered_after_load_correction:
+            line += " only after the load correction: below the healthy throughput as it was"
+        return line
 
 
 class Recurrence(BaseModel):

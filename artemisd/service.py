@@ -42,7 +42,8 @@ from artemisd.jobs import OWN, JobLookups
 from artemisd.incident import Action, Evidence, Incident, IncidentKind, IncidentState, Result
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
-from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer
+from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer, ProbeRequest
+from artemisd.probes import ProbeQueue
 from artemisd.runs import JobRun, run_key, split_run
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
 from artemisd.store import (ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, batch_items,
@@ -137,6 +138,7 @@ class Daemon:
         self._window_count: dict[str, int] = {}
         self._runs: dict[tuple[str, str], JobRun] = {}  # (job, step) -> its latest run
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
+        self._probes = ProbeQueue()  # requests the rate limit has not let out yet
         self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
@@ -866,6 +868,7 @@ class Daemon:
             per_job.pop(job, None)
         self.jobs.forget(job)
         self._rebalance_opt_in.discard(job)
+        self._probes.forget_job(job)
         self._ended_open.pop(job, None)
         for key in [key for key in self._directives_read if key[0] == job]:
             del self._directives_read[key]
@@ -957,35 +960,67 @@ class Daemon:
     # --- active confirmation ----------------------------------------------------
 
     def _issue_probes(self, now: float) -> None:
-        for req in self.analyzer.pending_probes():
-            daemon_incident = self._bound.get(req.incident)
-            pol = self.config.policy_for(self.store.job_partition(req.job))
-            refused = self._probe_refusal(req.job, now, pol.probe, req.corroborates)
-            if refused:
-                self.metrics.probes.labels("refused").inc()
-                self._audit(daemon_incident, "policy", f"probe {req.id} not sent", refused, now=now)
-                continue
-            step = split_run(req.step)[0]
-            body = {"type": "probe", "id": req.id, "job": req.job, "step": step}
-            self._add_directive(req.id, "probe", req.job, step, daemon_incident, body, now,
-                                now + self.config.daemon.probe_timeout)
-            self._probe_due[req.incident] = now + self.config.daemon.probe_timeout
-            self.metrics.probes.labels("issued").inc()
-            self._audit(daemon_incident, "daemon", f"probe {req.id} requested", req.reason, now=now)
+        """The matched probes the analysis asked for, within the policy and the rate limit.
 
-    def _probe_refusal(self, job: str, now: float, allowed: bool, corroborates: bool = False) -> str | None:
+        A request the rate limit refuses waits (``probes.ProbeQueue``) and is asked
+        again every turn until the limit lets it out or its incident stops waiting
+        for it; when one probe of a job may go, the request most worth it (the
+        largest loss) goes first.  A request the policy refuses (``Probe=no``,
+        ``Enabled=no``, ``DryRun=yes``) is dropped.  Each refusal is audited once
+        per reason, not every turn.
+        """
+        # A restart's replay raises the requests of before again: those already sent are not resent.
+        self._probes.add([r for r in self.analyzer.pending_probes() if not self.store.has_directive(r.id)], now)
+        for job, waiting in self._probes.by_job(self.analyzer.probe_outstanding, self._probe_worth).items():
+            pol = self.config.policy_for(self.store.job_partition(job))
+            for entry in waiting:
+                req = entry.request
+                daemon_incident = self._bound.get(req.incident)
+                refusal = self._probe_refusal(job, now, pol.probe, req.corroborates)
+                if refusal is not None:
+                    kind, why = refusal
+                    if kind == "policy":
+                        self._probes.sent(req)  # not asked again: only a new request is
+                    if entry.refusal != kind:
+                        entry.refusal = kind
+                        self.metrics.probes.labels("refused").inc()
+                        waits = "" if kind == "policy" else "; it waits and is asked again when the limit allows"
+                        self._audit(daemon_incident, "policy", f"probe {req.id} not sent", why + waits, now=now)
+                    continue
+                step = split_run(req.step)[0]
+                body = {"type": "probe", "id": req.id, "job": req.job, "step": step}
+                self._add_directive(req.id, "probe", req.job, step, daemon_incident, body, now,
+                                    now + self.config.daemon.probe_timeout)
+                self._probes.sent(req)
+                self._probe_due[req.incident] = now + self.config.daemon.probe_timeout
+                self.metrics.probes.labels("issued").inc()
+                waited = f" (waited {now - entry.since:.0f} s for the rate limit)" if entry.refusal else ""
+                self._audit(daemon_incident, "daemon", f"probe {req.id} requested", req.reason + waited, now=now)
+
+    def _probe_worth(self, req: ProbeRequest) -> float:
+        """What a waiting probe request is worth: the loss its incident shows (0 where none is known)."""
+        bound = self._bound.get(req.incident)
+        stored = self.store.incident(bound) if bound else None
+        loss = stored.body.get("loss_pct") if stored else None
+        return float(loss) if isinstance(loss, (int, float)) else 0.0
+
+    def _probe_refusal(self, job: str, now: float, allowed: bool, corroborates: bool = False
+                       ) -> tuple[str, str] | None:
+        """(kind, why) a probe of ``job`` may not go now, or None: kind ``policy`` (it may not go at
+        all), ``interval`` or ``hourly`` (the rate limit: later it may)."""
         d = self.config.daemon
         if not allowed:
-            return "Probe=no in the partition policy"
+            return "policy", "Probe=no in the partition policy"
         if not d.enabled or d.dry_run:
-            return "Enabled=no" if not d.enabled else "DryRun=yes"
+            return "policy", "Enabled=no" if not d.enabled else "DryRun=yes"
         times = self.store.probe_times(job)
         # The second probe that confirms a link verdict is one measurement of the
         # same question: ProbeMaxPerHour bounds it, ProbeMinInterval does not.
         if times and now - times[-1] < d.probe_min_interval and not corroborates:
-            return f"rate limit: last probe {now - times[-1]:.0f} s ago (ProbeMinInterval={d.probe_min_interval:.0f})"
+            return "interval", (f"rate limit: last probe {now - times[-1]:.0f} s ago "
+                                f"(ProbeMinInterval={d.probe_min_interval:.0f})")
         if sum(1 for t in times if now - t < 3600) >= d.probe_max_per_hour:
-            return f"rate limit: {d.probe_max_per_hour} probes in the last hour (ProbeMaxPerHour)"
+            return "hourly", f"rate limit: {d.probe_max_per_hour} probes in the last hour (ProbeMaxPerHour)"
         return None
 
     # --- the loop -------------------------------------------------------------------
@@ -1089,6 +1124,8 @@ class Daemon:
 
     async def _lead_once(self) -> None:
         now = self.clock()
+        if len(self._probes):
+            self._issue_probes(now)  # requests the rate limit held back: it may let one out by now
         for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
             await self._decide(stored, now)
         for row in self.store.due_actions(now):
@@ -1225,8 +1262,20 @@ class Daemon:
             node_evidence=evidence, gpu=self._gpu_of(inc),
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
-            measured_loss_pct=verify.measured_loss(stored.baseline, verify.during(series, None, None)),
-            gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None)
+            measured_loss_pct=self._measured_loss(stored, inc, series),
+            gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None,
+            unlimited=info is not None and info.unlimited)
+
+    @staticmethod
+    def _measured_loss(stored: StoredIncident, inc: Incident, series: list[tuple[int, float]]) -> float | None:
+        """The job's samples/s below healthy: over its last windows, or, for an incident that came
+        back (a slowdown that comes and goes), over its whole life since its first onset, so one bad
+        spell of a noisy neighbour is not read as what the incident costs (issue 28)."""
+        if inc.recurrences:
+            life = verify.over_life(series, inc.onset_window)
+            if life is not None:
+                return verify.measured_loss(stored.baseline, life)
+        return verify.measured_loss(stored.baseline, verify.during(series, None, None))
 
     def _drains(self) -> tuple[policy.DrainRecord, ...]:
         return tuple(policy.DrainRecord(*row) for row in self.store.drain_actions())
@@ -1567,7 +1616,8 @@ class Daemon:
         self._freeze_slowed(stored, inc)
         inc.result = (inc.result or Result()).model_copy(update={
             "throughput_after": _rounded(measured.after), "throughput_expected": _rounded(measured.expected),
-            "recovered": measured.recovered})
+            "recovered": measured.recovered,
+            "recovered_after_load_correction": measured.load_corrected})
         if verdict.state == S.RESOLVED.value:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", measured.note, now=now)
@@ -1658,7 +1708,8 @@ class Daemon:
                 self._freeze_slowed(stored, inc)
                 inc.result = (inc.result or Result()).model_copy(update={
                     "throughput_after": _rounded(verdict.after),
-                    "throughput_expected": _rounded(verdict.expected), "recovered": verdict.recovered})
+                    "throughput_expected": _rounded(verdict.expected), "recovered": verdict.recovered,
+                    "recovered_after_load_correction": verdict.load_corrected})
             why = f"the subject has been healthy again for RecoverWindows windows; {verdict.note}"
         else:
             why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"

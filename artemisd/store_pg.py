@@ -692,6 +692,9 @@ class PostgresStore:
         return [t for (t,) in self._all(
             "SELECT issued FROM directives WHERE job = %s AND type = 'probe' ORDER BY issued", (job,))]
 
+    def has_directive(self, directive_id: str) -> bool:
+        return self._one("SELECT 1 FROM directives WHERE id = %s", (directive_id,)) is not None
+
     def probe_result(self, directive_id: str, cost_ms: float | None) -> None:
         with self._tx():
             self.db.execute("UPDATE directives SET ranks_reported = ranks_reported + 1, cost_ms = cost_ms + %s "

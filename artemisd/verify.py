@@ -203,6 +203,9 @@ class Verification:
     after: float | None = None
     note: str = ""
     expected: float | None = None
+    # Recovered only at the machine's pace: below RecoveryFraction of the healthy throughput as it
+    # was, at or above it of what a healthy job makes on the machine as loaded then.
+    load_corrected: bool | None = None
 
 
 def window_throughput(samples: Sequence[float | None], seconds: Sequence[float]) -> float | None:
@@ -237,6 +240,14 @@ def during(series: Sequence[tuple[int, float]], onset_window: int | None,
         # series: the last windows before the action stand for them.
         values = [value for _, value in upto[-3:]]
     return float(np.median(values)) if values else None
+
+
+def over_life(series: Sequence[tuple[int, float]], onset_window: int | None) -> float | None:
+    """Mean throughput from ``onset_window`` on: what a slowdown that comes and goes cost over its
+    whole life (its quiet spells included), where the median of its last windows says only what the
+    latest spell cost."""
+    values = [value for seq, value in _measured(series) if onset_window is not None and seq >= onset_window]
+    return float(np.mean(values)) if values else None
 
 
 def measured_loss(healthy: float | None, slowed: float | None) -> float | None:
@@ -394,10 +405,14 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
             # and a fault still present shows again as a straggler against its own peers.
             load += ", faster: judged against the healthy throughput as it was"
     recovered = measured >= fraction * expected
+    corrected = recovered and measured < fraction * before
+    if corrected:
+        load += (f"; recovered only after that load correction: {100.0 * measured / before:.0f} % of the "
+                 f"healthy throughput as it was")
     return Verification(True, recovered, before, measured,
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
                         f"({100.0 * measured / before:.0f} %{load}; recovery needs {100.0 * fraction:.0f} %)",
-                        expected)
+                        expected, corrected if recovered is not None else None)
 
 
 # --- the verdict on an incident's action -----------------------------------------------------------

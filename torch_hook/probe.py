@@ -457,7 +457,11 @@ class Probe:
 
     # -- work share ------------------------------------------------------------
     def work_shares(self) -> dict[int, float]:
+        """The agreed work shares; the job reads them to apply them, which opts it in to rebalancing."""
         self.rebalance_opt_in = True
+        return self._current_shares()
+
+    def _current_shares(self) -> dict[int, float]:
         with self._lock:
             return dict(self._shares)
 
@@ -469,7 +473,8 @@ class Probe:
                 "relayed": s.relayed, "relay_dropped": s.relay_dropped, "handed_over": s.handed_over,
                 "unauthenticated": s.unauthenticated, "sender_error": s.last_error,
                 "sync_ms": list(self.sync_ms), "probes": list(self.probes_run),
-                "shares": self.work_shares()}
+                # Shown, not read to apply them: looking at the counters opts nothing in.
+                "shares": self._current_shares()}
 
 
 def coverage_line(version: str, backend: str, wrapped: list[str], hooks: str) -> str:

@@ -445,7 +445,7 @@ class Loop:
         slowed = verify.during(series, inc.onset_window, evidence.action_window)
         inc.result = Result(throughput_healthy=_rounded(evidence.baseline), throughput_before=_rounded(slowed),
                             throughput_after=_rounded(m.after), throughput_expected=_rounded(m.expected),
-                            recovered=m.recovered)
+                            recovered=m.recovered, recovered_after_load_correction=m.load_corrected)
         if v.state == "resolved":
             inc.advance(S.RESOLVED)
             self._note(now, incident_id, "verify", "resolved", m.note)
@@ -492,7 +492,8 @@ class Loop:
             why = f"the subject has been healthy again for RecoverWindows windows; {verification.note}"
             inc.result = (inc.result or Result()).model_copy(update={
                 "throughput_after": _rounded(verification.after),
-                "throughput_expected": _rounded(verification.expected), "recovered": verification.recovered})
+                "throughput_expected": _rounded(verification.expected), "recovered": verification.recovered,
+                "recovered_after_load_correction": verification.load_corrected})
         else:
             why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
         for row in self._rows_of(incident_id):

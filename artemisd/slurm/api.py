@@ -121,6 +121,7 @@ class JobInfo:
     tasks: int | None = None  # task count Slurm gave the job; None: not known (e.g. from sacct)
     cpus: int | None = None  # CPUs allocated to the job
     end_time: float | None = None  # when a running job reaches its time limit (epoch s); None: not known
+    unlimited: bool = False  # the job has no time limit (Slurm then says it ends a year after it started)
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -136,8 +137,9 @@ class JobInfo:
         return not (self.pending or self.running or self.state in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
 
     def time_left(self, now: float) -> float | None:
-        """Seconds until a running job's time limit (a job without one ends in a year, as Slurm says)."""
-        if not self.running or self.end_time is None or self.end_time <= 0:
+        """Seconds until a running job's time limit; None: not known, or the job has none (``unlimited``:
+        the year Slurm gives such a job as its end is no measure of how long it will run)."""
+        if not self.running or self.unlimited or self.end_time is None or self.end_time <= 0:
             return None
         return max(0.0, self.end_time - now)
 

@@ -191,8 +191,21 @@ def _job_from_json(entry: dict[str, Any]) -> JobInfo:
         tasks=_count(entry.get("tasks")),
         cpus=_count(entry.get("cpus")),
         end_time=_count(entry.get("end_time")),
+        unlimited=_unlimited(entry.get("time_limit")),
         extra={"state_reason": state_reason},
     )
+
+
+# Slurm's INFINITE and NO_VAL (uint32): a time limit of either is no limit.
+_INFINITE_MINUTES = (0xFFFFFFFF, 0xFFFFFFFE)
+
+
+def _unlimited(value: Any) -> bool:
+    """A job's ``time_limit`` (minutes) says it has none: INFINITE in 22.05's plain number, or the
+    ``{"infinite": true}`` of later data parsers."""
+    if isinstance(value, dict):
+        return bool(value.get("infinite")) or not value.get("set", True)
+    return isinstance(value, int) and not isinstance(value, bool) and value in _INFINITE_MINUTES
 
 
 def _count(value: Any) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,10 @@ def test_backend_reads_nodes_jobs_and_partitions(clean_cluster: SlurmCluster):
     assert info.user_id == 0 and info.running and info.batch and info.requeue and info.partition == "main"
     assert info.tasks == 1 and info.cpus == 1 and info.max_world == 1
     assert slurm.job("999999") is None
+    # A job without a time limit (MaxTime=INFINITE here) is no limit, not the year Slurm gives it as its end.
+    assert info.unlimited and info.time_left(time.time()) is None
+    timed = slurm.job(submit(clean_cluster, "-N", "1", "--time=30"))
+    assert not timed.unlimited and 0 < timed.time_left(time.time()) <= 1800
 
 
 def test_drain_shows_in_sinfo_and_a_person_s_drain_is_untouched(clean_cluster: SlurmCluster):

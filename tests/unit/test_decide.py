@@ -151,6 +151,54 @@ def test_a_requeue_is_priced_against_the_slowdown(gpus, loss, time_left_h, pays)
         assert f"= {gpus * loss / 100 * time_left_h:.2f} GPU-h" in price.why
 
 
+def test_a_person_is_never_paged_for_a_loss_below_the_floor_whatever_the_cause():
+    """An innocent node's owner was paged for a host.cpu incident of ratio 1.13, 0.71 % estimated and
+    0.0 % measured loss (issue 28).  Every page, for any cause and approvals too, needs EscalateLoss."""
+    conf = config("PartitionPolicy=gpu Auto=escalate", EscalateLoss="2")
+    innocent = incident(Cause.HOST_CPU, loss=0.71, evidence=[Evidence(signal="cpu_pct", value=99, peers=40)])
+    held = decide.plan(innocent, 0, conf, facts(measured_loss_pct=0.0))
+    assert held.escalate is None and held.action is None and held.plan_step == 0
+    assert "costs 0.00 % of the job's throughput (measured), below EscalateLoss=2 %" in held.wait
+    assert [n.what for n in held.notes] == ["not escalated: below EscalateLoss"]
+    # measured ~0 wins over a large estimate: the job does not run slower
+    assert decide.plan(incident(Cause.HOST_CPU, loss=30.0), 0, conf, facts(measured_loss_pct=0.4)).wait
+    # at or above the floor, or with no loss known at all, the person is told
+    assert decide.plan(innocent, 0, conf, facts(measured_loss_pct=2.5)).escalate
+    assert decide.plan(incident(Cause.HOST_CPU, loss=0.71), 0, conf, facts()).wait  # the estimate when unmeasured
+    approve = config("PartitionPolicy=gpu Auto=escalate Approve=drain", EscalateLoss="2")
+    thermal = incident(Cause.GPU_THERMAL, loss=1.0)
+    assert decide.plan(thermal, 0, approve, facts(measured_loss_pct=1.0)).wait  # no approval request either
+    asked = decide.plan(thermal, 0, approve, facts(measured_loss_pct=8.0))
+    assert asked.action.kind == "drain" and "awaits approval" in asked.escalate
+    assert config("PartitionPolicy=gpu").daemon.escalate_loss == 2.0
+
+
+def test_a_job_without_a_time_limit_is_priced_over_the_stated_horizon_never_a_year():
+    """Slurm gives a job without a time limit an end a year after its start; priced over that, any
+    slowdown "costs" thousands of GPU-hours (issue 28).  It is priced over UnlimitedJobHorizon, said so."""
+    pol = config("PartitionPolicy=gpu Auto=drain,requeue,escalate UnlimitedJobHorizon=2h").policy_for("gpu")
+    inc = incident(Cause.GPU_THERMAL, loss=10.0)
+    price = decide.rung_cost("requeue", inc, pol, facts(gpus=1024, time_left_s=None, unlimited=True))
+    assert "= 204.80 GPU-h" in price.why and "no time limit: over UnlimitedJobHorizon=2 h" in price.why
+    assert not price.pays  # 1,024 GPU x 10 % x 2 h = 205 GPU-h < 341 GPU-h of requeue
+    default = config("PartitionPolicy=gpu Auto=drain,requeue,escalate").policy_for("gpu")
+    assert default.unlimited_job_horizon == 86_400.0
+    assert decide.rung_cost("requeue", inc, default, facts(gpus=1024, unlimited=True)).pays  # 2,458 GPU-h a day
+
+
+def test_slurms_no_limit_is_read_as_no_limit_not_as_a_year_left():
+    from artemisd.slurm.cli import _job_from_json
+
+    year = NOW + 365 * 86_400
+    for limit in (0xFFFFFFFF, 0xFFFFFFFE, {"set": True, "infinite": True, "number": 0}):
+        job = _job_from_json({"job_id": 7, "user_id": 1, "job_state": "RUNNING", "end_time": int(year),
+                              "time_limit": limit})
+        assert job.unlimited and job.time_left(NOW) is None
+    timed = _job_from_json({"job_id": 7, "user_id": 1, "job_state": "RUNNING", "end_time": int(NOW + 3600),
+                            "time_limit": 60})
+    assert not timed.unlimited and timed.time_left(NOW) == 3600
+
+
 def test_a_requeue_that_does_not_pay_leaves_the_job_on_the_drained_node_and_says_why():
     pol = config("PartitionPolicy=gpu Auto=drain,requeue,escalate").policy_for("gpu")
     inc = incident(Cause.GPU_THERMAL, loss=10.0)

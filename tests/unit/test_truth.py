@@ -322,6 +322,19 @@ def test_the_weighted_sampler_opts_the_job_in_and_a_plain_job_does_not(monkeypat
     assert probe.rebalance_opt_in is True
 
 
+def test_looking_at_the_probes_counters_opts_nothing_in(monkeypatch):
+    """``torch_hook.stats()`` is for debugging: it shows the shares without reading them to apply
+    them, so it never makes the daemon rebalance a job that does not apply shares (issue 28)."""
+    import torch_hook
+    from torch_hook.config import ProbeConfig
+    from torch_hook.probe import Probe
+
+    probe = Probe(ProbeConfig(endpoint=None, job="7", job_step="0", node="n1"))
+    monkeypatch.setattr(torch_hook, "_probe", probe)
+    assert torch_hook.stats()["shares"] == {} and probe.rebalance_opt_in is False
+    assert torch_hook.work_share() == 1.0 and probe.rebalance_opt_in is True  # reading to apply opts in
+
+
 def test_mail_offers_only_what_exists_and_a_resolved_escalation_sends_its_all_clear(tmp_path, smtp):
     box, relay = smtp
 

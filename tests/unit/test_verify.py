@@ -91,8 +91,18 @@ def test_recovery_is_judged_at_the_machines_pace_then():
     v = verify(9574.0, after, 4, 0.85, healthy_pace=7.5)
     assert v.done and v.recovered is True and v.after == 7123.0
     assert round(v.expected) == 7480 and "74 %" in v.note and "95 %" in v.note
+    # ... and says it rests on the correction (74 % < 85 % of healthy as it was), in the result too.
+    assert v.load_corrected is True and "recovered only after that load correction" in v.note
+    from artemisd.incident import Result
+
+    shown = Result(throughput_healthy=9574.0, throughput_after=v.after, throughput_expected=v.expected,
+                   recovered=v.recovered, recovered_after_load_correction=v.load_corrected).describe()
+    assert shown.endswith("recovered True only after the load correction: below the healthy throughput as it was")
     # Without the pace (a job-wide subject) the same windows are judged against healthy as it was.
-    assert verify(9574.0, after, 4, 0.85).recovered is False
+    plain = verify(9574.0, after, 4, 0.85)
+    assert plain.recovered is False and plain.load_corrected is False
+    fine = verify(9574.0, [shape(s, 9400.0, pace=9.6) for s in range(4)], 4, 0.85, healthy_pace=7.5)
+    assert fine.recovered is True and fine.load_corrected is False  # recovered without the correction
 
 
 def test_a_machine_that_ran_faster_does_not_raise_the_bar_above_healthy():
@@ -268,3 +278,28 @@ def test_verdict_on_a_requeued_job_skips_its_warm_up():
     v = verdict("rank", "gpu.thermal", _evidence([90.0, 150.0, 200.0, 299.0, 300.0, 302.0], restarted=True),
                 RULES, 1000.0, 3600.0, [(2, "drain", "n2")])
     assert v.state == "resolved" and v.verification.after == 300.0
+
+
+def test_a_slowdown_that_comes_and_goes_is_priced_over_its_whole_life():
+    """A healthy job beside a neighbour toggling every 20 s: each spell confirms again; the median of
+    the last windows said one spell cost 45 % and paged a person, while over the incident's life the
+    job lost a few percent (issue 28).  An incident that came back is measured over its whole life."""
+    from artemisd.incident import Cause, Incident, IncidentKind, Recurrence
+    from artemisd.service import Daemon
+    from artemisd.store import StoredIncident
+    from artemisd.verify import over_life
+
+    healthy = 100.0
+    series = [(seq, healthy if (seq // 3) % 4 else 55.0) for seq in range(10, 58)]  # a bad spell 1 time in 4
+    assert over_life(series, 10) == pytest.approx(88.75)
+    assert over_life(series, None) is None and over_life(series, 99) is None
+    inc = Incident(id="INC-1", job="7", kind=IncidentKind.JOB, cause=Cause.UNKNOWN, state="confirmed",
+                   onset_window=12, loss_pct=45.0)
+    stored = StoredIncident(id="INC-1", job="7", step="0", state="confirmed", subject="job 7", analyzer_id="A-1",
+                            plan_step=0, action_window=None, baseline=healthy, decide=True, body={},
+                            created=0.0, updated=0.0)
+    spell = [(seq, 55.0) for seq in range(58, 61)]
+    assert Daemon._measured_loss(stored, inc, series + spell) == 45.0  # the last windows: one spell
+    again = inc.model_copy(update={"recurrences": [Recurrence(onset_window=w, confirmed_window=w + 1)
+                                                   for w in (24, 36, 48)]})
+    assert Daemon._measured_loss(stored, again, series + spell) == pytest.approx(13.78, abs=0.01)
