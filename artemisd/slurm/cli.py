@@ -191,18 +191,22 @@ def _job_from_json(entry: dict[str, Any]) -> JobInfo:
         tasks=_count(entry.get("tasks")),
         cpus=_count(entry.get("cpus")),
         end_time=_count(entry.get("end_time")),
-        unlimited=_unlimited(entry.get("time_limit")),
+        unlimited=_unlimited(entry.get("time_limit", _ABSENT)),
         extra={"state_reason": state_reason},
     )
 
 
 # Slurm's INFINITE and NO_VAL (uint32): a time limit of either is no limit.
 _INFINITE_MINUTES = (0xFFFFFFFF, 0xFFFFFFFE)
+_ABSENT = object()
 
 
 def _unlimited(value: Any) -> bool:
-    """A job's ``time_limit`` (minutes) says it has none: INFINITE in 22.05's plain number, or the
-    ``{"infinite": true}`` of later data parsers."""
+    """A job's ``time_limit`` (minutes) says it has none: ``null`` in 22.05's ``squeue --json``
+    (seen on the test cluster, MaxTime=INFINITE), INFINITE as a plain number, or the
+    ``{"infinite": true}`` of later data parsers.  Absent: not known, not unlimited."""
+    if value is None:
+        return True
     if isinstance(value, dict):
         return bool(value.get("infinite")) or not value.get("set", True)
     return isinstance(value, int) and not isinstance(value, bool) and value in _INFINITE_MINUTES

@@ -190,13 +190,15 @@ def test_slurms_no_limit_is_read_as_no_limit_not_as_a_year_left():
     from artemisd.slurm.cli import _job_from_json
 
     year = NOW + 365 * 86_400
-    for limit in (0xFFFFFFFF, 0xFFFFFFFE, {"set": True, "infinite": True, "number": 0}):
+    for limit in (None, 0xFFFFFFFF, 0xFFFFFFFE, {"set": True, "infinite": True, "number": 0}):  # None: 22.05
         job = _job_from_json({"job_id": 7, "user_id": 1, "job_state": "RUNNING", "end_time": int(year),
                               "time_limit": limit})
         assert job.unlimited and job.time_left(NOW) is None
     timed = _job_from_json({"job_id": 7, "user_id": 1, "job_state": "RUNNING", "end_time": int(NOW + 3600),
                             "time_limit": 60})
     assert not timed.unlimited and timed.time_left(NOW) == 3600
+    unsaid = _job_from_json({"job_id": 7, "user_id": 1, "job_state": "RUNNING", "end_time": int(NOW + 3600)})
+    assert not unsaid.unlimited and unsaid.time_left(NOW) == 3600  # no time_limit at all: end_time stands
 
 
 def test_a_requeue_that_does_not_pay_leaves_the_job_on_the_drained_node_and_says_why():
@@ -225,11 +227,14 @@ def test_a_device_that_keeps_coming_back_goes_to_a_person():
 def test_the_time_left_comes_from_slurm_s_end_time_for_a_running_job():
     from artemisd.slurm.api import JobInfo
     from artemisd.slurm.cli import _job_from_json
-    # squeue --json of Slurm 22.05, as recorded on the test cluster: no time limit ends in a year.
+    # squeue --json of Slurm 22.05, as recorded on the test cluster: no time limit is a null
+    # time_limit and an end a year after the start, which is no time left to price with.
     entry = {"job_id": 4, "user_id": 0, "job_state": "RUNNING", "partition": "debug", "nodes": "n[1-3]",
              "time_limit": None, "start_time": 1796382266, "end_time": 1827918266}
     info = _job_from_json(entry)
-    assert info.time_left(1796382266 + 3600) == 31536000 - 3600
+    assert info.unlimited and info.time_left(1796382266 + 3600) is None
+    limited = _job_from_json(entry | {"time_limit": 120, "end_time": 1796382266 + 7200})
+    assert not limited.unlimited and limited.time_left(1796382266 + 3600) == 3600
     assert JobInfo("5", 0, "PENDING", end_time=1827918266).time_left(0) is None
     assert JobInfo("6", 0, "RUNNING").time_left(0) is None
 
