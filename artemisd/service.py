@@ -959,18 +959,23 @@ class Daemon:
 
     # --- active confirmation ----------------------------------------------------
 
-    def _issue_probes(self, now: float) -> None:
+    def _issue_probes(self, now: float, retry: bool = False) -> None:
         """The matched probes the analysis asked for, within the policy and the rate limit.
 
         A request the rate limit refuses waits (``probes.ProbeQueue``) and is asked
-        again every turn until the limit lets it out or its incident stops waiting
-        for it; when one probe of a job may go, the request most worth it (the
-        largest loss) goes first.  A request the policy refuses (``Probe=no``,
+        again at every leader turn (``retry``: about once a second, not on every
+        request, which would cost every report the limit's reads) and with every
+        new request, until the limit lets it out or its incident stops waiting for
+        it; when one probe of a job may go, the request most worth it (the largest
+        loss) goes first.  A request the policy refuses (``Probe=no``,
         ``Enabled=no``, ``DryRun=yes``) is dropped.  Each refusal is audited once
         per reason, not every turn.
         """
         # A restart's replay raises the requests of before again: those already sent are not resent.
-        self._probes.add([r for r in self.analyzer.pending_probes() if not self.store.has_directive(r.id)], now)
+        fresh = [r for r in self.analyzer.pending_probes() if not self.store.has_directive(r.id)]
+        if not fresh and not retry:
+            return
+        self._probes.add(fresh, now)
         for job, waiting in self._probes.by_job(self.analyzer.probe_outstanding, self._probe_worth).items():
             pol = self.config.policy_for(self.store.job_partition(job))
             for entry in waiting:
@@ -1125,7 +1130,7 @@ class Daemon:
     async def _lead_once(self) -> None:
         now = self.clock()
         if len(self._probes):
-            self._issue_probes(now)  # requests the rate limit held back: it may let one out by now
+            self._issue_probes(now, retry=True)  # requests the rate limit held back: it may let one out by now
         for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
             await self._decide(stored, now)
         for row in self.store.due_actions(now):
