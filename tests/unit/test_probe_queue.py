@@ -4,13 +4,9 @@ dropped while its incident kept waiting for it, and the link was never named).""
 
 from __future__ import annotations
 
-import json
-
 from artemisd.pipeline import ProbeRequest
 from artemisd.probes import ProbeQueue
-from tests.unit.test_server import (HEALTHY, NODES, SLOW_BUSY, SLOW_CLOCKS, WORLD, Clock, Harness, cluster,
-                                    run)
-from tests.unit.windows import lockstep
+from tests.unit.test_server import HEALTHY, SLOW_BUSY, SLOW_CLOCKS, Clock, Harness, cluster, run
 
 
 def request(n: int, job: str = "7", incident: str | None = None) -> ProbeRequest:
@@ -40,15 +36,7 @@ def test_a_rate_limited_probe_waits_and_goes_out_when_the_limit_allows(tmp_path)
             await h.windows(range(0, 8), HEALTHY)
             replies = await h.windows(range(8, 9), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [first] = [d for d in replies[0]["directives"] if d["type"] == "probe"]
-            # rank 2's probe answers; then rank 6 slows down too, within the hour
-            window = lockstep(9, SLOW_BUSY, nodes=NODES, gpu=SLOW_CLOCKS)
-            payload = []
-            for r in window:
-                item = r.model_dump(mode="json", exclude_none=True)
-                item["probe"] = {"id": first["id"], "gemm_ms": 20.0 if r.rank == 2 else 10.0, "cost_ms": 30.0}
-                payload.append(item)
-            resp = await h.client.post("/v1/reports", data=json.dumps(payload))
-            assert (await resp.json())["accepted"] == WORLD
+            await h.answer_probe(9, first["id"])  # rank 2's probe answers; then rank 6 slows down too
             busy = list(SLOW_BUSY)
             busy[6] = 63.0
             later = await h.windows(range(10, 14), busy, gpu=SLOW_CLOCKS)

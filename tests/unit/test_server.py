@@ -115,6 +115,17 @@ class Harness:
         resp = await self.client.post("/v1/reports", data=json.dumps([event]))
         assert (await resp.json())["accepted"] == 1
 
+    async def answer_probe(self, seq: int, probe_id: str, cost_ms: float = 30.0) -> None:
+        """Window ``seq`` of the slowed job, each rank's report carrying its matched GEMM's result:
+        the slow rank's twice its peers'."""
+        payload = []
+        for r in lockstep(seq, SLOW_BUSY, nodes=NODES, gpu=SLOW_CLOCKS):
+            item = r.model_dump(mode="json", exclude_none=True)
+            item["probe"] = {"id": probe_id, "gemm_ms": 20.0 if r.rank == SLOW_RANK else 10.0, "cost_ms": cost_ms}
+            payload.append(item)
+        resp = await self.client.post("/v1/reports", data=json.dumps(payload))
+        assert (await resp.json())["accepted"] == WORLD
+
     async def incidents(self) -> list[dict[str, Any]]:
         return (await (await self.client.get("/v1/incidents")).json())["incidents"]
 
@@ -419,15 +430,7 @@ def test_probe_directive_rate_limited_and_cost_recorded(tmp_path):
             replies = await h.windows(range(8, 9), SLOW_BUSY, gpu=SLOW_CLOCKS)
             [probe] = [d for d in replies[0]["directives"] if d["type"] == "probe"]
             assert probe == {"type": "probe", "id": probe["id"], "job": "100", "step": "0"}
-            window = lockstep(9, SLOW_BUSY, nodes=NODES, gpu=SLOW_CLOCKS)
-            payload = []
-            for r in window:
-                item = r.model_dump(mode="json", exclude_none=True)
-                item["probe"] = {"id": probe["id"], "gemm_ms": 20.0 if r.rank == SLOW_RANK else 10.0,
-                                 "cost_ms": 30.0}
-                payload.append(item)
-            resp = await h.client.post("/v1/reports", data=json.dumps(payload))
-            assert (await resp.json())["accepted"] == WORLD
+            await h.answer_probe(9, probe["id"])
             costs = h.daemon.store.probe_costs()
             assert costs[0]["ranks_reported"] == WORLD and costs[0]["cost_ms"] == 30.0 * WORLD
             # A second rank flagged within the hour: no second probe.
