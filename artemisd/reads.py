@@ -3,7 +3,7 @@
 A read of a big job's windows decodes tens of thousands of stored reports: on
 the event loop that held every other request, ``/v1/health`` and report intake
 included, for seconds (issue 27, item 5).  So every read that touches more than
-one row runs here instead:
+one row runs here instead (incidents, an incident, its windows, the status counts):
 
 * in ``ReadPool``'s few worker threads, each with a connection to the state
   database of its own (a second reader of SQLite's WAL, or of PostgreSQL), so a
@@ -19,7 +19,9 @@ one row runs here instead:
   another's incident is "not found", not "forbidden", so its id tells nothing.
 
 Each view function takes a store and plain values and returns what the handler
-sends, JSON-encoded in the worker too.
+sends, JSON-encoded in the worker where the whole answer comes from the store;
+``incident_detail`` and ``status_counts`` return plain data, to which the
+handler adds, on the loop, what only the daemon holds in memory.
 """
 
 from __future__ import annotations
