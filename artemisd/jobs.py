@@ -18,7 +18,7 @@ do, so each is bounded (docs/admin-guide.md, "Security"):
 * **in time** — the reads run in a pool of their own (``SlurmReadWorkers``), so
   they can never hold the workers that actions, mail and munge use; requests
   asking for one job at once share one read, and a read whose requests have all
-  gone away is cancelled: its command is killed (``slurm.api.CancelScope``);
+  gone away is cancelled: its command is killed (``slurm.scope.CancelScope``);
 * **in memory** — jobs Slurm did not know are cached apart from the others, at
   most ``UNKNOWN_CACHED`` of them and for ``JobCacheSeconds`` each; known jobs at
   most ``KNOWN_CACHED`` (least recently used out first), and forgotten with
@@ -103,9 +103,6 @@ class JobCache:
     def __contains__(self, job: str) -> bool:
         return job in self.known or job in self.unknown
 
-    def __len__(self) -> int:
-        return len(self.known) + len(self.unknown)
-
 
 class _Flight:
     __slots__ = ("future", "scope", "waiters")
@@ -121,7 +118,6 @@ class SlurmReads:
     whoever asks meanwhile, and cancelled (its command killed) when nobody waits for it any more."""
 
     def __init__(self, workers: int):
-        self.workers = workers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="slurm-read")
         self._flights: dict[Any, _Flight] = {}
         self.cancelled = 0
@@ -219,6 +215,13 @@ class UserShares:
                 self._slots.pop(uid, None)  # nobody of this uid waits: no state is kept for it
 
 
+class _Own:
+    """The daemon's own reads (decisions, the sweep, actions): not a user's, outside the read pool."""
+
+
+OWN = _Own()
+
+
 class JobLookups:
     """Slurm's word on jobs, through the cache: for the daemon's own decisions (``info``) and for
     the requests of users (``for_request``, within the bounds above).
@@ -246,7 +249,7 @@ class JobLookups:
         return cached is not None and now - cached[0] < self.ttl()
 
     async def info(self, job: str, fresh: bool = False, strict: bool = False,
-                   uid: int | None | _Own = None) -> JobInfo | None:
+                   uid: int | None | _Own = OWN) -> JobInfo | None:
         """The job as Slurm has it (None: Slurm never heard of it), read at most every JobCacheSeconds.
 
         Slurm down: the last answer, or None (``strict``: ``SlurmError`` when there
@@ -340,10 +343,3 @@ class JobLookups:
 
     def close(self) -> None:
         self.reads.close()
-
-
-class _Own:
-    """The daemon's own reads (decisions, the sweep, actions): not a user's, outside the read pool."""
-
-
-OWN = _Own()

@@ -1267,20 +1267,9 @@ class Daemon:
             node_evidence=evidence, gpu=self._gpu_of(inc),
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
-            measured_loss_pct=self._measured_loss(stored, inc, series),
+            measured_loss_pct=verify.incident_loss(stored.baseline, series, inc.onset_window, bool(inc.recurrences)),
             gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None,
             unlimited=info is not None and info.unlimited)
-
-    @staticmethod
-    def _measured_loss(stored: StoredIncident, inc: Incident, series: list[tuple[int, float]]) -> float | None:
-        """The job's samples/s below healthy: over its last windows, or, for an incident that came
-        back (a slowdown that comes and goes), over its whole life since its first onset, so one bad
-        spell of a noisy neighbour is not read as what the incident costs (issue 28)."""
-        if inc.recurrences:
-            life = verify.over_life(series, inc.onset_window)
-            if life is not None:
-                return verify.measured_loss(stored.baseline, life)
-        return verify.measured_loss(stored.baseline, verify.during(series, None, None))
 
     def _drains(self) -> tuple[policy.DrainRecord, ...]:
         return tuple(policy.DrainRecord(*row) for row in self.store.drain_actions())
@@ -1619,10 +1608,7 @@ class Daemon:
             return
         measured = verdict.verification
         self._freeze_slowed(stored, inc)
-        inc.result = (inc.result or Result()).model_copy(update={
-            "throughput_after": _rounded(measured.after), "throughput_expected": _rounded(measured.expected),
-            "recovered": measured.recovered,
-            "recovered_after_load_correction": measured.load_corrected})
+        inc.result = (inc.result or Result()).model_copy(update=measured.result_fields(_rounded))
         if verdict.state == S.RESOLVED.value:
             inc.advance(S.RESOLVED)
             self._audit(inc.id, "verify", "resolved", measured.note, now=now)
@@ -1711,10 +1697,7 @@ class Daemon:
                 return
             if inc.result is not None or verdict.recovered:
                 self._freeze_slowed(stored, inc)
-                inc.result = (inc.result or Result()).model_copy(update={
-                    "throughput_after": _rounded(verdict.after),
-                    "throughput_expected": _rounded(verdict.expected), "recovered": verdict.recovered,
-                    "recovered_after_load_correction": verdict.load_corrected})
+                inc.result = (inc.result or Result()).model_copy(update=verdict.result_fields(_rounded))
             why = f"the subject has been healthy again for RecoverWindows windows; {verdict.note}"
         else:
             why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"

@@ -20,7 +20,7 @@ be judged; the verdict says so and the incident ends unresolved with that note.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +207,11 @@ class Verification:
     # was, at or above it of what a healthy job makes on the machine as loaded then.
     load_corrected: bool | None = None
 
+    def result_fields(self, rounded: Callable[[float | None], float | None]) -> dict[str, Any]:
+        """The fields of the incident's ``Result`` this verification measured (the caller rounds)."""
+        return {"throughput_after": rounded(self.after), "throughput_expected": rounded(self.expected),
+                "recovered": self.recovered, "recovered_after_load_correction": self.load_corrected}
+
 
 def window_throughput(samples: Sequence[float | None], seconds: Sequence[float]) -> float | None:
     """samples/s of one job window from its ranks' reports (None if no rank counted samples)."""
@@ -248,6 +253,18 @@ def over_life(series: Sequence[tuple[int, float]], onset_window: int | None) -> 
     latest spell cost."""
     values = [value for seq, value in _measured(series) if onset_window is not None and seq >= onset_window]
     return float(np.mean(values)) if values else None
+
+
+def incident_loss(healthy: float | None, series: Sequence[tuple[int, float]], onset_window: int | None,
+                  recurring: bool) -> float | None:
+    """What an incident costs the job now, in % of its healthy samples/s: over its last windows, or,
+    for one that came back (a slowdown that comes and goes), over its whole life since its first
+    onset, so one bad spell of a noisy neighbour is not read as what it costs (issue 28)."""
+    if recurring:
+        life = over_life(series, onset_window)
+        if life is not None:
+            return measured_loss(healthy, life)
+    return measured_loss(healthy, during(series, None, None))
 
 
 def measured_loss(healthy: float | None, slowed: float | None) -> float | None:

@@ -444,8 +444,7 @@ class Loop:
         series = [(w.seq, w.throughput) for w in evidence.origin]
         slowed = verify.during(series, inc.onset_window, evidence.action_window)
         inc.result = Result(throughput_healthy=_rounded(evidence.baseline), throughput_before=_rounded(slowed),
-                            throughput_after=_rounded(m.after), throughput_expected=_rounded(m.expected),
-                            recovered=m.recovered, recovered_after_load_correction=m.load_corrected)
+                            **m.result_fields(_rounded))
         if v.state == "resolved":
             inc.advance(S.RESOLVED)
             self._note(now, incident_id, "verify", "resolved", m.note)
@@ -490,10 +489,7 @@ class Loop:
                                verification.note)
                 return False
             why = f"the subject has been healthy again for RecoverWindows windows; {verification.note}"
-            inc.result = (inc.result or Result()).model_copy(update={
-                "throughput_after": _rounded(verification.after),
-                "throughput_expected": _rounded(verification.expected), "recovered": verification.recovered,
-                "recovered_after_load_correction": verification.load_corrected})
+            inc.result = (inc.result or Result()).model_copy(update=verification.result_fields(_rounded))
         else:
             why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
         for row in self._rows_of(incident_id):

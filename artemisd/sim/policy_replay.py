@@ -168,7 +168,8 @@ class TraceLoop:
                 update, now, gpus=self.worlds.get(update.job), time_left_s=None, node_evidence=None,
                 gpu=self.gpus.get((update.job, update.rank)) if update.rank is not None else None,
                 rebalance_opt_in=update.job in self.opt_in,
-                measured_loss_pct=verify.measured_loss(baseline, verify.during(series, None, None)), step=step)
+                measured_loss_pct=verify.incident_loss(baseline, series, update.onset_window, bool(update.recurrences)),
+                step=step)
 
     def _turn(self, now: float) -> None:
         self.loop.tick(now)

@@ -284,22 +284,12 @@ def test_a_slowdown_that_comes_and_goes_is_priced_over_its_whole_life():
     """A healthy job beside a neighbour toggling every 20 s: each spell confirms again; the median of
     the last windows said one spell cost 45 % and paged a person, while over the incident's life the
     job lost a few percent (issue 28).  An incident that came back is measured over its whole life."""
-    from artemisd.incident import Cause, Incident, IncidentKind, Recurrence
-    from artemisd.service import Daemon
-    from artemisd.store import StoredIncident
-    from artemisd.verify import over_life
+    from artemisd.verify import incident_loss, over_life
 
     healthy = 100.0
     series = [(seq, healthy if (seq // 3) % 4 else 55.0) for seq in range(10, 58)]  # a bad spell 1 time in 4
     assert over_life(series, 10) == pytest.approx(88.75)
     assert over_life(series, None) is None and over_life(series, 99) is None
-    inc = Incident(id="INC-1", job="7", kind=IncidentKind.JOB, cause=Cause.UNKNOWN, state="confirmed",
-                   onset_window=12, loss_pct=45.0)
-    stored = StoredIncident(id="INC-1", job="7", step="0", state="confirmed", subject="job 7", analyzer_id="A-1",
-                            plan_step=0, action_window=None, baseline=healthy, decide=True, body={},
-                            created=0.0, updated=0.0)
     spell = [(seq, 55.0) for seq in range(58, 61)]
-    assert Daemon._measured_loss(stored, inc, series + spell) == 45.0  # the last windows: one spell
-    again = inc.model_copy(update={"recurrences": [Recurrence(onset_window=w, confirmed_window=w + 1)
-                                                   for w in (24, 36, 48)]})
-    assert Daemon._measured_loss(stored, again, series + spell) == pytest.approx(13.78, abs=0.01)
+    assert incident_loss(healthy, series + spell, 12, recurring=False) == 45.0  # the last windows: one spell
+    assert incident_loss(healthy, series + spell, 12, recurring=True) == pytest.approx(13.78, abs=0.01)
