@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 RUN_SEP = "~"
-RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run
+RESTART_GAP = 4  # a window this far below the rank's own newest starts a new run, whatever its times say
 RUNS_REMEMBERED = 8  # the runs whose start a late report is matched against
 _NEVER = float("-inf")
+_UNKNOWN_END = float("inf")  # no window is known to have begun after it
 
 
 @lru_cache(maxsize=4096)  # called per report; a job has a handful of step keys (and the cache is bounded)
@@ -36,12 +37,21 @@ class JobRun:
     """The latest run of a job step, told from each rank's own order of windows.
 
     What tells a new run from reports that are merely late is each rank's own
-    order: one rank's probe sends its windows in order, so a rank going back
-    more than ``RESTART_GAP`` windows below its own newest has started again.
-    The job's highest window is not enough: after an outage (the daemon, or its
-    database, unreachable) every probe sends its backlog, one rank's seconds
-    before another's, and the second rank's windows are far below the first's
-    newest.
+    order: one rank's probe numbers its windows upward, one after the other in
+    time, so a rank whose window goes back to or below its own newest — even by
+    none — *and began after that newest window ended* comes from a new probe:
+    the job started again (a torchrun restart, a crash and requeue).  One probe
+    cannot send such a window: its lower windows all ended before its newest
+    began, and a batch sent again (stored, the answer lost) carries the same
+    times.  Without the times to tell (a report's span unknown, a node's clock
+    stepped back across the restart), a rank going back more than
+    ``RESTART_GAP`` windows has started again.  Each rank is compared with its
+    own past only: the job's highest window is not enough, since after an
+    outage (the daemon, or its database, unreachable) every probe sends its
+    backlog, one rank's seconds before another's, and the second rank's windows
+    are far below the first's newest.  (Issue 28: with the gap alone, a restart
+    within the first five windows joined the crashed attempt's run, and the
+    analysis compared the new attempt with the dead one.)
 
     A rank's order is not enough either once the job has started again: a
     report of the old run that arrives late (a rank's last windows, posted
@@ -56,6 +66,7 @@ class JobRun:
 
     number: int = 0
     newest: dict[int, int] = field(default_factory=dict)  # rank -> its newest window in this run
+    ended: dict[int, float] = field(default_factory=dict)  # rank -> when its newest window ended, where known
     began: dict[int, float] = field(default_factory=dict)  # run number -> when its window 0 began
 
     def take(self, rank: int, seq: int, t0: float | None = None, t1: float | None = None) -> tuple[int, bool]:
@@ -65,12 +76,15 @@ class JobRun:
         if number and t1 is not None and t1 <= self.began.get(number, _NEVER):
             return self.run_at(t1), False  # an earlier run's, late: this run's order is not touched
         own = self.newest.get(rank)
-        started = own is not None and own - seq > RESTART_GAP
+        started = own is not None and (own - seq > RESTART_GAP or (
+            seq <= own and t0 is not None and t0 > self.ended.get(rank, _UNKNOWN_END)))
         if started:
             self.number = number = number + 1
-            self.newest = {rank: seq}
-        elif own is None or seq > own:
+            self.newest, self.ended = {rank: seq}, {}
+        if started or own is None or seq > own:
             self.newest[rank] = seq
+            if t1 is not None:
+                self.ended[rank] = t1
         self.saw_window(number, seq, t0, t1)
         return number, started
 
@@ -80,7 +94,8 @@ class JobRun:
         ``t0s[i]``..``t1s[i]``: the run every one of them belongs to, exactly as ``take`` one report at a
         time would say, in one pass over plain lists.  None, with nothing taken, where one of them may
         need ``take``'s rule of its own: a rank already past ``seq`` in this run (a late report, or
-        one that starts a run), or a window that may have ended before this run began.
+        one that starts a run), one at ``seq`` whose window began after its newest ended (a new probe),
+        or a window that may have ended before this run began.
 
         A job's ranks end a window together, so a sender's batch is one window of many ranks: the
         ingest path calls this once per batch rather than ``take`` per report.
@@ -96,10 +111,18 @@ class JobRun:
             began = self.began.get(number)
             if min(t1s) <= (starts[0] if began is None else began):
                 return None
-        newest = self.newest
-        if any(own > seq for own in map(newest.get, ranks) if own is not None):
-            return None
-        newest.update(dict.fromkeys(ranks, seq))
+        newest, ended = self.newest, self.ended
+        if any(own >= seq for own in map(newest.get, ranks) if own is not None):
+            # A batch sent again (stored, the answer lost) changes no rank's order: every rank at ``seq``
+            # already and none of them begun after its window ended.  Anything else goes report by report.
+            if not all(newest.get(rank) == seq and t0 <= ended.get(rank, _UNKNOWN_END)
+                       for rank, t0 in zip(ranks, t0s)):
+                return None
+        elif len(set(ranks)) < len(ranks):
+            return None  # a rank twice in one batch: its second report is judged against its first
+        else:
+            newest.update(dict.fromkeys(ranks, seq))
+            ended.update(zip(ranks, t1s))
         self._began_by(number, min(starts))
         return number
 

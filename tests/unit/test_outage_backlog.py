@@ -63,6 +63,69 @@ def test_a_late_report_of_the_run_before_a_requeue_does_not_start_a_third_run():
         assert run.take(1, seq, t0, t0 + window_s) == (1, False)
 
 
+WINDOW_S = 10.0
+
+
+def _windows(run: JobRun, seqs: range, begin: float, ranks: range = range(WORLD)) -> list[tuple[int, bool]]:
+    """Each of ``ranks`` sends windows ``seqs`` of a run whose window 0 began at ``begin``, window after window."""
+    return [run.take(rank, seq, begin + seq * WINDOW_S, begin + (seq + 1) * WINDOW_S)
+            for seq in seqs for rank in ranks]
+
+
+@pytest.mark.parametrize("crashed_after", [1, 2, 3])
+def test_a_restart_within_the_first_windows_is_a_new_run(crashed_after):
+    """Issue 28: a torchrun restart (or crash and requeue) a few windows in numbers its windows from 0
+    again, less than ``RESTART_GAP`` below the dead attempt's newest.  The new probe's window began after
+    the dead one's newest ended: a new run, which every rank joins, even the restart after one window
+    (window 0 again)."""
+    run = JobRun()
+    assert _windows(run, range(crashed_after), 1000.0) == [(0, False)] * WORLD * crashed_after
+    restarted = 1000.0 + crashed_after * WINDOW_S + 8.0  # the new attempt's first step, 8 s after
+    assert run.take(0, 0, restarted, restarted + WINDOW_S) == (1, True)
+    assert _windows(run, range(0, 1), restarted, range(1, WORLD)) == [(1, False)] * (WORLD - 1)
+    assert _windows(run, range(1, 6), restarted) == [(1, False)] * WORLD * 5
+    assert run.number == 1
+
+
+def test_a_backlog_after_an_outage_is_one_run_by_the_times_too():
+    """After an outage the ranks' backlogs arrive one rank after another, the second far below the
+    first's newest and later in time than what the first had sent before; each rank's own windows are
+    in order, and a batch sent again carries its own times: one run."""
+    run = JobRun()
+    assert not any(started for _, started in _windows(run, range(12), 1000.0))
+    for rank in range(WORLD):
+        assert not any(started for _, started in _windows(run, range(12, 32), 1000.0, range(rank, rank + 1)))
+    t0 = 1000.0 + 31 * WINDOW_S
+    assert run.take(1, 31, t0, t0 + WINDOW_S) == (0, False)  # sent again, the answer lost
+    for seq in range(28, 32):  # a batch of a rank's last windows sent again
+        assert run.take(0, seq, 1000.0 + seq * WINDOW_S, 1000.0 + (seq + 1) * WINDOW_S) == (0, False)
+    assert run.number == 0
+
+
+def test_a_late_report_of_a_short_run_stays_in_it_after_a_quick_restart():
+    """Restarted after three windows: rank 1's window 2 of the first attempt, posted after the second
+    attempt's first windows, ended before that attempt began, so it is the first's; rank 1's own windows
+    of the second attempt, below it, join the second run and start no third."""
+    run = JobRun()
+    _windows(run, range(2), 1000.0)
+    run.take(0, 2, 1020.0, 1030.0)
+    restarted = 1036.0
+    assert run.take(0, 0, restarted, restarted + WINDOW_S) == (1, True)
+    assert run.take(1, 2, 1020.0, 1030.0) == (0, False)  # late, of the first attempt
+    assert _windows(run, range(0, 4), restarted, range(1, 2)) == [(1, False)] * 4
+    assert _windows(run, range(1, 4), restarted, range(0, 1)) == [(1, False)] * 3
+    assert run.number == 1
+
+
+def test_without_times_only_the_gap_starts_a_run():
+    """A report whose span is unknown has nothing to show a new probe: going back by the gap stays late."""
+    run = JobRun()
+    for seq in range(3):
+        run.take(0, seq, 1000.0 + seq * WINDOW_S, 1000.0 + (seq + 1) * WINDOW_S)
+    assert run.take(0, 0) == (0, False)
+    assert run.take(0, 0, 990.0, 1000.0) == (0, False)  # a clock stepped back across the restart: as late
+
+
 def test_a_run_remembers_the_start_of_a_bounded_number_of_runs():
     run = JobRun()
     for number in range(3 * RUNS_REMEMBERED):
@@ -90,18 +153,18 @@ def test_a_window_taken_together_is_taken_as_report_by_report_or_not_at_all():
             clock += rng.choice([10.0, 10.0, 10.0, 200.0, -400.0])
             ranks = rng.sample(range(6), rng.randrange(0, 6)) + rng.choice([[], [0]])  # a retry sends a rank twice
             batch = [(rank, seq, clock + rng.uniform(-3, 3), clock + 10.0 + rng.uniform(-3, 3)) for rank in ranks]
-            before = (together.number, dict(together.newest), dict(together.began))
+            before = (together.number, dict(together.newest), dict(together.ended), dict(together.began))
             number = together.take_together([b[0] for b in batch], seq, [b[2] for b in batch], [b[3] for b in batch])
             expected = _take_one_by_one(alone, batch)
             if number is None:
                 declined += 1
-                assert (together.number, together.newest, together.began) == before, trial
+                assert (together.number, together.newest, together.ended, together.began) == before, trial
                 assert _take_one_by_one(together, batch) == expected, trial
             else:
                 taken += 1
                 assert expected == [number] * len(batch), trial
-            assert (together.number, together.newest, together.began) == (alone.number, alone.newest,
-                                                                          alone.began), trial
+            assert (together.number, together.newest, together.ended, together.began) == (
+                alone.number, alone.newest, alone.ended, alone.began), trial
     assert taken > 500 and declined > 500  # both ways were exercised
 
 
@@ -207,3 +270,23 @@ def test_an_incident_with_a_window_a_rank_missed_is_still_strict_json(tmp_path):
             throughput = dict(json.loads(text, parse_constant=refuse)["throughput"])
             assert throughput[12] is None and all(v is not None for seq, v in throughput.items() if seq != 12)
     run(scenario)
+
+
+def test_a_job_restarted_after_two_windows_is_stored_and_analysed_as_its_second_run(tmp_path):
+    """Through the daemon, a sender's batch of both ranks at a time: the restarted attempt's windows
+    go under the second run's key from its window 0, the dead attempt's stay under the first."""
+    windows = healthy_windows("79", 8)
+    later_s = windows[2][0].window.t0 - windows[0][0].window.t0 + 8.0  # restarted 8 s after window 1
+    d = daemon(tmp_path / "state")
+    try:
+        for seq in range(2):
+            send(d, windows[seq])
+        for seq in range(8):
+            send(d, [shifted(r, later_s) for r in windows[seq]])
+        stored = {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records("79")}
+        assert {("0", rank, seq) for rank in range(WORLD) for seq in range(2)} <= stored
+        assert {(f"0{RUN_SEP}1", rank, seq) for rank in range(WORLD) for seq in range(8)} <= stored
+        assert len(d.analyzer.window_shapes("79", f"0{RUN_SEP}1")) >= 6
+        assert d.analyzer.window_shapes("79", f"0{RUN_SEP}2") == []
+    finally:
+        d.store.close()
