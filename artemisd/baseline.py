@@ -230,6 +230,7 @@ class JobSummary:
     step_p50: float  # median over ranks of the per-step median step time; NaN if not measured
     throughput: float  # samples/s of the whole job; NaN when samples are not measured
     collectives: dict[str, float] = field(default_factory=dict)  # group -> ms per step
+    calls: float = float("nan")  # the most collective calls per step of any rank; NaN if not measured
 
 
 @dataclass

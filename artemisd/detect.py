@@ -74,6 +74,7 @@ from artemisd.frame import WindowFrame
 MAD_TO_SIGMA = 1.4826
 SIGMA_FLOOR = 0.005  # relative to the island median
 MIN_BASELINE_WINDOWS = 3
+TRAINING_CALLS_SHARE = 0.5  # below this share of the job's usual collective calls per step, not a training window
 MASK_FRACTION = 0.1  # a flagged excess under this share of the window's largest is hidden behind it
 
 
@@ -367,7 +368,25 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         step_p50=med(frame.step_p50),
         throughput=throughput,
         collectives=dict(collectives or {}),
+        calls=frame.collective_calls,
     )
+
+
+def training_window(summary: JobSummary, history: JobHistory) -> bool:
+    """Whether the window's steps are the job's training steps, comparable with its healthy windows.
+
+    When every rank spends a window outside training at once — an evaluation pass, a checkpoint, a
+    long wait for data — its steps run no collectives, or far fewer than the job's training steps,
+    and their time jumps.  That is the job doing other work, not running slower: on the 2-core test
+    bed a few seconds of collective-free evaluation plus one ordinary noisy window confirmed a false
+    job-wide incident in about half the runs (issue 28).  Such a window is judged by no job-wide
+    rule and taught to no job baseline.  Even the busiest rank must have made fewer than
+    ``TRAINING_CALLS_SHARE`` of the job's usual calls per step: a job-wide slowdown keeps its
+    collectives (each step still makes them), so it is still judged.  Where calls are not measured,
+    in this window or the job's history, every window is a training window.
+    """
+    usual = history.median("calls")
+    return not (summary.calls < TRAINING_CALLS_SHARE * usual)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,8 @@ class WindowFrame:
     env: dict[str, tuple[np.ndarray, list[str | None]]] = field(default_factory=dict)
     # Median over ranks of each process group's collective time, ms per step.
     collectives: dict[str, float] = field(default_factory=dict)
+    # The most collective calls per step any rank made (all groups); NaN where no rank measured them.
+    collective_calls: float = float("nan")
 
     @property
     def size(self) -> int:
@@ -96,6 +98,7 @@ class WindowFrame:
         times, spans, gpus, hosts, envs = [], [], [], [], []
         throttle = np.full(n, THROTTLE_UNMEASURED, dtype=np.int64)
         per_group: dict[str, list[float]] = {}
+        calls: list[float] = []
         for i, r in enumerate(reports):
             ranks.append(r.rank)
             nodes.append(r.node)
@@ -118,8 +121,12 @@ class WindowFrame:
                     throttle[i] = mask
             hosts.append(_HOST_NONE if r.host is None else _host(r.host))
             envs.append(_ENV_NONE if r.env is None else env_values(r.env))
-            for c in r.collectives or ():
-                per_group.setdefault(c.group, []).append(c.ms / span.steps)
+            if r.collectives is not None:
+                made = 0
+                for c in r.collectives:
+                    per_group.setdefault(c.group, []).append(c.ms / span.steps)
+                    made += c.calls
+                calls.append(made / span.steps)
         # None -> NaN: the wire contract's "not measured".
         busy, step, comm_wait, compute, data = _columns(times, np.float64)
         t0, t1 = _columns([s[:2] for s in spans], np.float64)
@@ -157,6 +164,7 @@ class WindowFrame:
             telemetry=telemetry,
             env=env,
             collectives=collectives,
+            collective_calls=max(calls, default=float("nan")),
         )
 
 

@@ -148,6 +148,7 @@ class _Window:
     summary: JobSummary
     job_flag: detect.JobFlag | None
     bursty_job: bool  # the job's mean step rose and its median did not
+    training: bool  # the ranks ran the job's training steps (``detect.training_window``)
     change: tuple[WorkloadReference, float] | None = None
     inconclusive: set[Hashable] = field(default_factory=set)  # subjects neither flagged nor healthy
 
@@ -373,14 +374,15 @@ class Analyzer:
         state.shapes.append(verify.WindowShape.of(seq, summary.throughput, frame.world, frame.samples, frame.steps,
                                                   frame.busy, frame.step))
 
-        job_flag = detect.detect_job(summary, state.history, s)
+        training = detect.training_window(summary, state.history)
+        job_flag = detect.detect_job(summary, state.history, s) if training else None
         bursty_job = job_flag is not None and not job_flag.steady
         if bursty_job:
             # A checkpoint write or a few steps of network congestion moved the
             # mean, not the median: not a job-wide slowdown, and not a window to
             # learn the job's baseline from either.
             job_flag = None
-        return _Window(conditions, counts, baseline, flags, masked, rows, summary, job_flag, bursty_job)
+        return _Window(conditions, counts, baseline, flags, masked, rows, summary, job_flag, bursty_job, training)
 
     def _regroup(self, state: _JobState, grouping: group.Grouping) -> None:
         for rank_key, node_key in grouping.grown:
@@ -401,6 +403,11 @@ class Analyzer:
         window.inconclusive = {key for row in np.flatnonzero(window.masked).tolist()
                                for key in (("rank", int(frame.rank[row])),
                                            ("node", frame.node_names[int(frame.node[row])]))}
+        if not window.training:
+            # Every rank was away from training: no evidence for or against a job-wide or change
+            # subject (one under watch neither confirms nor recovers on it).
+            window.inconclusive |= {("job",), ("change",)}
+            return
         job_flag = window.job_flag
         if job_flag is not None and job_flag.step_ms - job_flag.baseline_step_ms <= straggler_ms:
             window.job_flag = None
@@ -475,7 +482,7 @@ class Analyzer:
         # does not slow it; at 10k ranks some suspect is nearly always open).
         stragglers_in_force = any(w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT
                                   for w in state.open.values())
-        if job_clean and not window.bursty_job and not window.rows.size and not stragglers_in_force:
+        if job_clean and window.training and not window.bursty_job and not window.rows.size and not stragglers_in_force:
             state.history.record(summary)
             self._remember_reference(state, frame, window.conditions)
 

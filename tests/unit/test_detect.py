@@ -4,7 +4,7 @@ import numpy as np
 
 from artemisd.baseline import JobHistory, RankBaseline
 from artemisd.config import AnalysisSettings
-from artemisd.detect import detect_job, detect_ranks, island_statistics, island_typical, summarize
+from artemisd.detect import detect_job, detect_ranks, island_statistics, island_typical, summarize, training_window
 from artemisd.frame import WindowFrame
 from tests.unit.windows import lockstep
 
@@ -110,6 +110,24 @@ def test_job_needs_a_baseline_before_judging():
     history = JobHistory(depth=10)
     history.record(summarize(frame([100] * 8)))
     assert detect_job(summarize(frame([200] * 8)), history, SETTINGS) is None
+
+
+def _without_collectives(busy, measured=True):
+    reports = lockstep(0, busy, comm_ms=0.0)
+    return WindowFrame.from_reports([r.model_copy(update={"collectives": () if measured else None}) for r in reports])
+
+
+def test_a_window_without_the_jobs_collectives_is_no_training_window():
+    history = JobHistory(depth=10)
+    for _ in range(4):
+        history.record(summarize(frame([100] * 8)))
+    assert training_window(summarize(frame([130] * 8, comm_ms=40)), history)  # slower, collectives kept
+    assert not training_window(summarize(_without_collectives([400] * 8)), history)  # every rank away
+    assert training_window(summarize(_without_collectives([400] * 8, measured=False)), history)  # not measured
+    unmeasured = JobHistory(depth=10)
+    for _ in range(4):
+        unmeasured.record(summarize(_without_collectives([100] * 8, measured=False)))
+    assert training_window(summarize(_without_collectives([400] * 8)), unmeasured)  # no usual calls to compare
 
 
 def test_throughput_is_samples_per_second_of_the_whole_job():

@@ -168,6 +168,44 @@ def test_healthy_noise_spikes_and_a_slightly_slower_gpu_raise_no_incident():
     assert all(i.state is IncidentState.DISMISSED for i in analyzer.incidents)
 
 
+def away_from_training(seq, ms, steps=4, **kw):
+    """A window every rank spends outside training (evaluation, a checkpoint, a long data wait): a few
+    long steps, each rank on its own work, no collective made."""
+    reports = lockstep(seq, [ms] * 8, comm_ms=0.0, steps=steps, **kw)
+    return [parse_record({**r.model_dump(mode="json", exclude_none=True), "collectives": []}) for r in reports]
+
+
+@pytest.mark.parametrize("noise_at", [10, 15], ids=["noisy window before", "noisy window after"])
+@pytest.mark.parametrize("stretch", [3, 5])
+def test_a_stretch_away_from_training_and_one_noisy_window_confirm_no_job_incident(stretch, noise_at):
+    """Issue 28: every rank evaluating at once for a few windows (no collectives, step time up fourfold)
+    plus one ordinary noisy window confirmed a false job-wide incident.  The stretch is no training: it
+    neither counts as flagged nor teaches the job's baseline, and the one noisy window alone confirms
+    nothing."""
+    rng = random.Random(8)
+    windows = []
+    for seq in range(24):
+        if 11 <= seq < 11 + stretch:
+            windows.append(away_from_training(seq, 1500.0 * (1 + rng.gauss(0, 0.05))))
+        elif seq == noise_at + (stretch if noise_at > 10 else 0):
+            windows.append(lockstep(seq, [b * 1.15 for b in noisy(rng)]))  # a noisy window, job-wide
+        else:
+            windows.append(lockstep(seq, noisy(rng)))
+    analyzer, confirmed, _ = analyze(windows)
+    assert confirmed == []
+    assert all(i.state is IncidentState.DISMISSED for i in analyzer.incidents)
+
+
+def test_a_job_wide_slowdown_that_keeps_its_collectives_still_confirms_around_a_stretch_away():
+    rng = random.Random(8)
+    windows = [lockstep(seq, noisy(rng)) for seq in range(10)]
+    windows += [away_from_training(seq, 1500.0) for seq in range(10, 13)]  # the job's usual evaluation
+    windows += [lockstep(seq, [b * 1.2 for b in noisy(rng)]) for seq in range(13, 20)]  # every rank 20 % slower
+    _, [incident], _ = analyze(windows)
+    assert incident.kind is IncidentKind.JOB and incident.onset_window == 13 and incident.confirmed_window == 14
+    assert incident.ratio == pytest.approx(140 / 120, abs=0.02)  # against the training windows, not the stretch
+
+
 def test_change_regression_names_the_change():
     rng = random.Random(6)
     old = {"driver": "550.54.15", "comm_lib": "nccl 2.21.5"}
