@@ -221,6 +221,11 @@ def shifted(report: WindowReport, by_s: float) -> WindowReport:
                                                                         "t1": span.t1 + by_s})})
 
 
+def stored_windows(d: Daemon, job: str) -> set[tuple[str, int, int]]:
+    """(step key, rank, window) of each window report the daemon stored for ``job``."""
+    return {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records(job)}
+
+
 @pytest.mark.parametrize("restarted", [False, True], ids=["running", "daemon restarted at the requeue"])
 def test_a_requeued_jobs_late_report_of_its_first_run_is_stored_and_analysed_with_that_run(tmp_path, restarted):
     """Through the daemon: the late report is kept under the first run's key, and the second run is
@@ -243,7 +248,7 @@ def test_a_requeued_jobs_late_report_of_its_first_run_is_stored_and_analysed_wit
             send(d, [shifted(r, later_s) for r in windows[seq]])
         assert d.analyzer.window_shapes("78", f"0{RUN_SEP}2") == []  # no third run
         assert len(d.analyzer.window_shapes("78", f"0{RUN_SEP}1")) >= 4
-        stored = {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records("78")}
+        stored = stored_windows(d, "78")
         assert ("0", 1, 11) in stored and (f"0{RUN_SEP}1", 1, 0) in stored
     finally:
         d.store.close()
@@ -276,14 +281,13 @@ def test_a_job_restarted_after_two_windows_is_stored_and_analysed_as_its_second_
     """Through the daemon, a sender's batch of both ranks at a time: the restarted attempt's windows
     go under the second run's key from its window 0, the dead attempt's stay under the first."""
     windows = healthy_windows("79", 8)
-    later_s = windows[2][0].window.t0 - windows[0][0].window.t0 + 8.0  # restarted 8 s after window 1
+    restarted = [[shifted(r, windows[2][0].window.t0 - windows[0][0].window.t0 + 8.0) for r in window]
+                 for window in windows]  # 8 s after window 1 ended
     d = daemon(tmp_path / "state")
     try:
-        for seq in range(2):
-            send(d, windows[seq])
-        for seq in range(8):
-            send(d, [shifted(r, later_s) for r in windows[seq]])
-        stored = {(r["step"], r["rank"], r["window"]["seq"]) for r in d.store.window_records("79")}
+        for window in windows[:2] + restarted:
+            send(d, window)
+        stored = stored_windows(d, "79")
         assert {("0", rank, seq) for rank in range(WORLD) for seq in range(2)} <= stored
         assert {(f"0{RUN_SEP}1", rank, seq) for rank in range(WORLD) for seq in range(8)} <= stored
         assert len(d.analyzer.window_shapes("79", f"0{RUN_SEP}1")) >= 6
