@@ -30,7 +30,7 @@ Rules, strongest first (confidence in brackets):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -349,7 +349,21 @@ def diagnose_straggler(
         missing.append("gpu telemetry (clocks, throttle reasons)")
     if not host_measured:
         missing.append("host telemetry (steal, context switches, CPU share)")
-    return _pick(candidates, missing, floor, base)
+    diagnosis = _pick(candidates, missing, floor, base)
+    if probe is not None and probe.verdict is ProbeVerdict.NORMAL and diagnosis.cause.value.startswith("gpu."):
+        diagnosis = _speaks_against(diagnosis, "probe.gemm_ms")
+    return diagnosis
+
+
+def _speaks_against(diagnosis: Diagnosis, signal: str) -> Diagnosis:
+    """A GPU cause that stands on a hardware reason the telemetry named although the matched probe's
+    identical work ran at peer speed: the probe's line says it is evidence *against* the cause, and
+    why the cause stands anyway, rather than reading as support."""
+    why = (f"speaks against {diagnosis.cause.value}; the cause stands on the telemetry's hardware reason, "
+           f"which a short probe can slip through and a whole training step cannot")
+    return replace(diagnosis, evidence=tuple(
+        e.model_copy(update={"note": f"{e.note}: {why}"}) if e.signal == signal else e
+        for e in diagnosis.evidence))
 
 
 def _node_retransmits(frame: WindowFrame) -> tuple[str | None, float, float]:
