@@ -279,20 +279,41 @@ def measured_loss(healthy: float | None, slowed: float | None) -> float | None:
     return round(100.0 * max(0.0, 1.0 - slowed / healthy), 2)
 
 
+def _why_apart(measured: float, loss_pct: float) -> str:
+    """Why the job's measured loss and the subject's busy excess disagree (past the tolerance)."""
+    if measured > loss_pct:
+        return (f"the job's samples/s fell {measured:.1f} %, more than the subject's busy excess per step "
+                f"explains ({loss_pct:.1f} %): the rest of the fall is in the other ranks' own work or in "
+                f"the collectives, not in this subject's busy time")
+    return (f"the job's samples/s fell only {measured:.1f} %, less than the subject's busy excess per step "
+            f"({loss_pct:.1f} %): the others overlap part of the wait with their own work")
+
+
 def loss_evidence(loss_pct: float | None, healthy: float | None, slowed: float | None) -> dict | None:
     """The ``samples_per_s`` evidence line when the measured loss and ``loss_pct`` disagree (else None)."""
     measured = measured_loss(healthy, slowed)
     if measured is None or loss_pct is None or abs(measured - loss_pct) <= LOSS_TOLERANCE_PCT:
         return None
-    if measured > loss_pct:
-        why = (f"the job's samples/s fell {measured:.1f} %, more than the subject's busy excess per step "
-               f"explains ({loss_pct:.1f} %): the other ranks' own work or collectives slowed too "
-               f"(a shared host, a slower network path)")
-    else:
-        why = (f"the job's samples/s fell only {measured:.1f} %, less than the subject's busy excess per step "
-               f"({loss_pct:.1f} %): the others overlap part of the wait with their own work")
     return {"signal": "samples_per_s", "value": round(slowed, 1), "peers": round(healthy, 1),
-            "note": f"job throughput slowed vs healthy; {why}"}
+            "note": f"job throughput slowed vs healthy; {_why_apart(measured, loss_pct)}"}
+
+
+def loss_summary(measured_loss_pct: float | None, loss_pct: float | None) -> str | None:
+    """The one loss figure a person reads first, as the mail, ``artemis show`` and the demo print it.
+
+    The job's samples/s below healthy where measured: the figure the result's
+    samples/s add up to.  The busy-excess estimate (``loss_pct``) only where
+    nothing was measured, or beside it where the two disagree past
+    ``LOSS_TOLERANCE_PCT``, with why.
+    """
+    if measured_loss_pct is None:
+        return None if loss_pct is None else (
+            f"loss: {loss_pct:.1f} % of the job's throughput, estimated from the subject's busy excess per step "
+            f"(the job's samples/s not measured against healthy yet)")
+    line = f"loss: {measured_loss_pct:.1f} % of the job's samples/s, measured against healthy"
+    if loss_pct is not None and abs(measured_loss_pct - loss_pct) > LOSS_TOLERANCE_PCT:
+        line += f"; {_why_apart(measured_loss_pct, loss_pct)}"
+    return line
 
 
 def span(windows: Sequence[float | WindowShape], need: int, min_seconds: float = 0.0) -> list | None:

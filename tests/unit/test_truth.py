@@ -8,7 +8,7 @@ import pytest
 
 from artemisd.incident import Result
 from artemisd.pipeline import Analyzer, analyze_records
-from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, measured_loss
+from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, loss_summary, measured_loss
 from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, mail_text, run, smtp  # noqa: F401 - fixture
 from tests.unit.windows import lockstep
 from torch_hook.telemetry.host import HostCounters, host_block
@@ -32,6 +32,15 @@ def test_loss_disagreement_is_explained_only_past_the_tolerance():
     assert "82.4 %" in line["note"] and "more than" in line["note"]
     less = loss_evidence(40.0, 1000.0, 1000.0 * (1 - (40.0 - LOSS_TOLERANCE_PCT - 1) / 100))
     assert "less than" in less["note"]
+
+
+def test_one_loss_figure_is_read_first_and_the_other_only_when_they_disagree():
+    # Measured: the figure the result's samples/s add up to leads; an estimate within tolerance is not shown.
+    assert loss_summary(14.6, 14.1) == "loss: 14.6 % of the job's samples/s, measured against healthy"
+    # The demo's clocks incident: 82.4 % measured, 45.21 % from the busy excess; the gap is explained.
+    apart = loss_summary(82.4, 45.21)
+    assert apart.startswith("loss: 82.4 % of the job's samples/s") and "more than" in apart and "45.2 %" in apart
+    assert "estimated" in loss_summary(None, 7.4) and loss_summary(None, None) is None
 
 
 def test_confirmed_incident_carries_the_measured_loss_next_to_loss_pct():
