@@ -22,13 +22,13 @@ cheapest that pays.  Every rung walked past is written down with why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from artemisd import policy
 from artemisd.config import Config, PartitionPolicy
-from artemisd.incident import Action, Cause, Evidence, Incident, IncidentKind, IncidentState
+from artemisd.incident import TRANSITIONS, Action, Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.remedy import propose
 from artemisd.slurm.api import REASON_PREFIX, NodeInfo
 
@@ -473,3 +473,52 @@ def after_requeue(inc: Incident, pol: PartitionPolicy) -> FollowUp:
     if pol.constraint and policy.mode_of(pol, "constrain") != "recommend":
         return FollowUp("constrain", {"job": inc.job, "feature": pol.constraint})
     return FollowUp()
+
+
+# --- when the job ends -------------------------------------------------------------------------------
+
+
+# Undoing a drain and telling people do not depend on the job: they still run after it ended.
+STILL_DUE_AFTER_THE_JOB = frozenset({"undrain", "notify"})
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """What an incident still open when Slurm says its job ended becomes (``after_job_end``).
+
+    ``state``: its end state, a legal transition from where it was (or the
+    same state, for one already ``unresolved``); ``tell``: a person was paged
+    about it and gets one mail saying it ended with its job; ``withdrawn``: its
+    actions that never began (or waited for approval) and no longer apply.
+    """
+
+    state: IncidentState
+    tell: bool
+    withdrawn: tuple[int, ...] = ()
+
+
+def told_a_person(kind: str, status: str, params: Mapping[str, Any]) -> bool:
+    """An escalation reached someone: it was sent, or its AdminComment or mail went out before a retry."""
+    return kind == "escalate" and (status == "done" or bool(params.get("comment_done") or params.get("mail_done")))
+
+
+def after_job_end(state: IncidentState, actions: Iterable[tuple[int, str, str, Mapping[str, Any]]]
+                  ) -> JobEnd | None:
+    """An incident of a job that ended: its end state, whether to tell a person, what is withdrawn.
+    None where it is closed already.  ``actions``: its (id, kind, status, params).
+
+    Never ``resolved``: nothing showed the fault gone, only the job stopped
+    running on it.  A suspect was never confirmed: ``dismissed``.  Anything
+    confirmed ends ``unresolved`` (escalated, acting and verifying may go
+    there; unresolved stays), which is what a person reading it should
+    believe: the cause, if it was the machine, may still be there.
+    """
+    if not TRANSITIONS[state]:
+        return None
+    actions = list(actions)
+    withdrawn = tuple(action_id for action_id, kind, status, _ in actions
+                      if status == "pending_approval" or (status == "queued" and kind not in STILL_DUE_AFTER_THE_JOB))
+    if state is S.SUSPECT:
+        return JobEnd(S.DISMISSED, tell=False, withdrawn=withdrawn)
+    told = any(told_a_person(kind, status, params) for _, kind, status, params in actions)
+    return JobEnd(S.UNRESOLVED, tell=told, withdrawn=withdrawn)

@@ -23,6 +23,10 @@ peers in the windows that confirmed it:
                  evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
                  the configured floor the cause is reported as ``unknown``.
+* ``ended_with_job`` (additive) the job ended while the incident was still
+                 open: when, in what state, Slurm's word on the job, and
+                 whether a person who had been paged was told
+                 (``EndedWithJob``).  Absent otherwise.
 * ``recurrences`` (additive) each time the subject recovered and was confirmed
                  again within ``RecurWindows`` (an intermittent fault that
                  comes back): when, and how slow that time.  The onset,
@@ -120,6 +124,13 @@ def check_transition(incident_id: str, current: IncidentState, wanted: IncidentS
         raise IllegalTransition(incident_id, current, wanted)
 
 
+def _without_unset(out: dict[str, Any], key: str) -> dict[str, Any]:
+    # Readers written before an additive field existed compare what they read as it was: no key when unset.
+    if out.get(key) is None:
+        out.pop(key, None)
+    return out
+
+
 class Evidence(BaseModel):
     """One measurement behind a conclusion: the subject's value against its peers'.
 
@@ -155,11 +166,7 @@ class Action(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_empty_reason(self, handler):
-        # Readers written before ``reason`` existed compare actions as they were: no key when empty.
-        out = handler(self)
-        if out.get("reason") is None:
-            out.pop("reason", None)
-        return out
+        return _without_unset(handler(self), "reason")
 
 
 class Result(BaseModel):
@@ -232,6 +239,26 @@ class Recurrence(BaseModel):
     loss_pct: float | None = None
 
 
+class EndedWithJob(BaseModel):
+    """(additive) The job ended while the incident was still open, and it closed with it.
+
+    Slurm said the job had ended (``job_state``: its state then, e.g.
+    ``COMPLETED``, ``TIMEOUT``; null where Slurm no longer knew the job) at
+    ``at``, while the incident was ``state_before``.  Nothing more is decided
+    or done about it; its ``state`` says how far it got (``unresolved``: the
+    fault was never shown gone; ``dismissed``: it was never confirmed).
+    ``person_told``: a person had been paged about it (escalation mail or
+    AdminComment) and was mailed that it ended with its job.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: float
+    state_before: IncidentState
+    job_state: str | None = None
+    person_told: bool = False
+
+
 class Incident(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -256,6 +283,11 @@ class Incident(BaseModel):
     action: Action | None = None
     result: Result | None = None
     recurrences: list[Recurrence] = Field(default_factory=list)
+    ended_with_job: EndedWithJob | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_open_end(self, handler):
+        return _without_unset(handler(self), "ended_with_job")
 
     def advance(self, wanted: IncidentState) -> None:
         """Move along the life cycle; an illegal transition raises IllegalTransition."""

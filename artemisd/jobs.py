@@ -249,17 +249,19 @@ class JobLookups:
         return cached is not None and now - cached[0] < self.ttl()
 
     async def info(self, job: str, fresh: bool = False, strict: bool = False,
-                   uid: int | None | _Own = OWN) -> JobInfo | None:
+                   uid: int | None | _Own = OWN, answered_now: bool = False) -> JobInfo | None:
         """The job as Slurm has it (None: Slurm never heard of it), read at most every JobCacheSeconds.
 
         Slurm down: the last answer, or None (``strict``: ``SlurmError`` when there
-        is none, so the caller waits instead of guessing).  ``uid``: the user whose
+        is none, so the caller waits instead of guessing; ``answered_now``: even
+        where there is one, for a caller that must not act on an older state of
+        the job, e.g. close its incidents).  ``uid``: the user whose
         request needs it (within that user's share, in the read pool); the daemon's
         own reads (``OWN``) use the default workers, so users cannot hold them back.
         """
         now = self.clock()
         cached = self.cache.get(job)
-        if cached and not fresh and now - cached[0] < self.ttl():
+        if cached and not (fresh or answered_now) and now - cached[0] < self.ttl():
             return cached[1]
         try:
             if isinstance(uid, _Own):
@@ -269,7 +271,7 @@ class JobLookups:
         except SlurmError as err:
             self.on_error()
             log.warning("slurm lookup failed", what="job", key=job, error=str(err))
-            if strict and not cached:
+            if (strict and not cached) or answered_now:
                 raise
             return cached[1] if cached else None
         self.cache.expire(now, self.ttl())

@@ -12,6 +12,7 @@ Incident life in the daemon (states from ``IncidentState``)::
               unresolved --roll back reversible, next rung--> acting | escalated
               escalated --approve--> acting;  --deny--> next rung
               confirmed / escalated / unresolved --subject healthy again--> resolved
+              any open --Slurm says the job ended--> unresolved (dismissed: a suspect), closed: ``_ended``
 
 Restart (``restore``): stored incidents are authoritative.  The bounded window
 history is fed through a fresh ``Analyzer`` (the replay path) to rebuild its
@@ -39,7 +40,7 @@ from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
 from artemisd.jobs import OWN, JobLookups
-from artemisd.incident import Action, Evidence, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Action, EndedWithJob, Evidence, Incident, IncidentKind, IncidentState, Result
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer, ProbeRequest
@@ -88,6 +89,16 @@ log = structlog.get_logger("artemisd")
 def _rounded(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
 
+
+
+def _closed(stored: StoredIncident) -> bool:
+    """Nothing more is decided or done about it: resolved, dismissed, or ended with its job (whose
+    ``unresolved`` the life cycle would otherwise let act again)."""
+    return stored.state in FINAL or stored.body.get("ended_with_job") is not None
+
+
+def _told_at_job_end(stored: StoredIncident) -> bool:
+    return bool((stored.body.get("ended_with_job") or {}).get("person_told"))
 
 
 def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
@@ -156,6 +167,9 @@ class Daemon:
         # Jobs Slurm said had ended while one of their incidents was open: job -> (its last-seen time
         # then, when its EndedJobHistory runs from).  Not asked again while their last-seen holds.
         self._ended_open: dict[str, tuple[float | None, float]] = {}
+        # Jobs whose epilog said job_end while an incident of theirs was open: the leader's next turn
+        # asks Slurm whether they ended (a requeued job's epilog says job_end too).
+        self._end_heard: set[str] = set()
         # (job, step) -> (time.monotonic(), self.clock() of the read, its directives): ``_directives``.
         self._directives_read: dict[tuple[str, str], tuple[float, float, list[dict[str, Any]]]] = {}
         self._logged_failures: set[tuple[str, str]] = set()
@@ -430,9 +444,10 @@ class Daemon:
             return {}
         return await self.jobs.for_request(principal, records, self._unforeseen)
 
-    async def job_info(self, job: str, fresh: bool = False, strict: bool = False) -> JobInfo | None:
+    async def job_info(self, job: str, fresh: bool = False, strict: bool = False,
+                       answered_now: bool = False) -> JobInfo | None:
         """The daemon's own read of a job (decisions, the sweep, actions), through the job cache."""
-        return await self.jobs.info(job, fresh=fresh, strict=strict, uid=OWN)
+        return await self.jobs.info(job, fresh=fresh, strict=strict, uid=OWN, answered_now=answered_now)
 
     def _job_read(self, job: str, info: JobInfo) -> None:
         """A job just read from Slurm: its owner and partition are stored for the CLI and restarts."""
@@ -829,15 +844,21 @@ class Daemon:
     def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.
 
-        A requeued job's epilog also says job_end; its incident is still verifying
-        then, so its history (and the analyzer's restart from it) stays.
+        A requeued job's epilog also says job_end, so one with an incident open is
+        only heard of here: the leader's turn asks Slurm (``_end_jobs_heard_of``),
+        and its incidents end with it only if Slurm says it ended; a requeued
+        job's stay open, with its history (and the analyzer's restart from it).
         """
         for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
-            self._forget_if_closed(job)
+            if not self._forget_if_closed(job):
+                self._end_heard.add(job)
 
     def _forget_if_closed(self, job: str) -> bool:
-        """An ended job whose incidents are all closed leaves the store and memory; False: one is open."""
-        if not all(i.state in FINAL for i in self.store.incidents(job=job)):
+        """An ended job whose incidents are all closed leaves the store and memory; False: one is open,
+        or one ended with the job after a person was paged about it (its windows stay for that
+        person's ``artemis show --plot``, ``EndedJobHistory``, as ``_release_history`` says)."""
+        incidents = self.store.incidents(job=job)
+        if not all(_closed(i) for i in incidents) or any(_told_at_job_end(i) for i in incidents):
             return False
         self._forget_job(job)
         return True
@@ -870,6 +891,7 @@ class Daemon:
         self._rebalance_opt_in.discard(job)
         self._probes.forget_job(job)
         self._ended_open.pop(job, None)
+        self._end_heard.discard(job)
         for key in [key for key in self._directives_read if key[0] == job]:
             del self._directives_read[key]
 
@@ -891,10 +913,10 @@ class Daemon:
         if stored is None:
             if update.state is S.DISMISSED:
                 return  # never published as suspect (e.g. absorbed before we saw it)
-            # An ongoing incident whose history was pruned before a restart: same subject, not final.
+            # An ongoing incident whose history was pruned before a restart: same subject, not closed.
             bound = set(self._bound.values())
             for inc in self.store.incidents(job=update.job):
-                if inc.subject == subject_of(update) and inc.state not in FINAL and inc.id not in bound:
+                if inc.subject == subject_of(update) and not _closed(inc) and inc.id not in bound:
                     stored = inc
                     break
         if stored is None:
@@ -946,7 +968,7 @@ class Daemon:
             self.ledger.reopen(stored, inc, why, now)
             return
         self._audit(inc.id, "analyzer", "recurred", why, now=now)
-        if inc.state in (S.CONFIRMED, S.ESCALATED, S.UNRESOLVED) and not any(
+        if inc.state in (S.CONFIRMED, S.ESCALATED, S.UNRESOLVED) and not _closed(stored) and not any(
                 r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
             stored.decide = True
 
@@ -1131,6 +1153,7 @@ class Daemon:
         now = self.clock()
         if len(self._probes):
             self._issue_probes(now, retry=True)  # requests the rate limit held back: it may let one out by now
+        await self._end_jobs_heard_of(now)  # before deciding: nothing is decided for a job that ended
         for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
             await self._decide(stored, now)
         for row in self.store.due_actions(now):
@@ -1139,17 +1162,19 @@ class Daemon:
             self._verify(stored, now)
         analyzer_ids = {daemon_id: analyzer_id for analyzer_id, daemon_id in self._bound.items()}
         for stored in self.store.incidents(states=[S.CONFIRMED, S.ESCALATED, S.UNRESOLVED]):
-            if stored.id in analyzer_ids and not self.analyzer.subject_active(analyzer_ids[stored.id]):
+            if stored.id in analyzer_ids and not _closed(stored) \
+                    and not self.analyzer.subject_active(analyzer_ids[stored.id]):
                 self._close_recovered(stored, now)
         await self._forget_quiet_ended(now)
         self._update_gauges()
 
     async def _forget_quiet_ended(self, now: float) -> None:
         """Jobs that ended without their end reaching us leave the store and memory, as a job_end
-        would have them: a job held that has sent nothing for ``QUIET_S``, that Slurm says is no
-        longer pending or running (or no longer knows), and whose incidents are all closed.  Slurm
-        is the truth for a job's state; while it cannot be asked, nothing is forgotten.  Without
-        this, a site without the epilog would hold every job it has seen (~1 kB a rank)."""
+        would have them: a job held that has sent nothing for ``QUIET_S`` and that Slurm says has
+        finished (or no longer knows) has its open incidents end with it (``_ended``), then goes.
+        Slurm is the truth for a job's state; while it cannot be asked, nothing is closed or
+        forgotten.  Without this, a site without the epilog would hold every job it has seen (~1 kB
+        a rank) and its incidents open for ever."""
         if now - self._quiet_swept < QUIET_SWEEP_S:
             return
         self._quiet_swept = now
@@ -1175,16 +1200,78 @@ class Daemon:
             asked += 1
             self._quiet_last_asked = job
             try:
-                info = await self.job_info(job, fresh=True, strict=True)
+                info = await self.job_info(job, fresh=True, strict=True, answered_now=True)
             except SlurmError:
                 return  # Slurm cannot say: the next sweep asks again
-            if info is not None and (info.pending or info.running):
+            if info is not None and not info.finished:  # pending, running, or being requeued
                 continue
-            if self._forget_if_closed(job):
+            if self._ended(job, info, now):
                 log.info("ended job forgotten", job=job, quiet_s=round(now - seen) if seen is not None else None,
                          slurm_state=info.state if info is not None else "not known to Slurm")
-            else:
-                self._ended_open[job] = (seen, seen if seen is not None else now)
+
+    async def _end_jobs_heard_of(self, now: float) -> None:
+        """The jobs whose epilog said job_end while an incident of theirs was open: Slurm says whether
+        they ended.  A requeued job (pending or running again) keeps its incidents open; Slurm
+        unreachable: asked again next turn, nothing closed on a guess.  Like the quiet sweep, this
+        stops at ``QUIET_SWEEP_BUDGET_S`` and the next turn goes on."""
+        began = time.monotonic()
+        for job in sorted(self._end_heard):
+            if time.monotonic() - began >= QUIET_SWEEP_BUDGET_S:
+                return
+            try:
+                info = await self.job_info(job, fresh=True, strict=True, answered_now=True)
+            except SlurmError:
+                return
+            self._end_heard.discard(job)
+            if info is None or info.finished:
+                if self._ended(job, info, now):
+                    log.info("ended job forgotten", job=job, slurm_state=info.state if info else "not known to Slurm")
+
+    def _ended(self, job: str, info: JobInfo | None, now: float) -> bool:
+        """Slurm says the job ended (``info``; None: it no longer knows it): its open incidents end
+        with it, and it is forgotten (True), or its windows stay ``EndedJobHistory`` for a person
+        paged about one of them."""
+        self._end_incidents(job, info, now)
+        if self._forget_if_closed(job):
+            return True
+        seen = self.store.job_last_seen(job)
+        self._ended_open[job] = (seen, seen if seen is not None else now)
+        return False
+
+    def _end_incidents(self, job: str, info: JobInfo | None, now: float) -> None:
+        """Each incident of an ended job still open gets its end state (``decide.after_job_end``), a
+        record of it (``ended_with_job``) and an audit line; a person paged about it gets one mail.
+        What the store says is all there is to it, so a restart neither closes nor mails twice."""
+        job_state = info.state if info is not None else None
+        for stored in self.store.incidents(job=job):
+            if _closed(stored):
+                continue
+            inc = Incident.model_validate(stored.body)
+            rows = self.store.actions_of(stored.id)
+            end = decide.after_job_end(inc.state, [(r.id, r.kind, r.status, r.params) for r in rows])
+            if end is None:
+                continue
+            withdrawn = [r for r in rows if r.id in end.withdrawn]
+            for row in withdrawn:
+                waited = "was approved" if row.status == "pending_approval" else "ran"
+                self.store.update_action(row.id, "skipped", f"the job ended before it {waited}", fence=self._fence)
+            if inc.action is not None and any((r.kind, r.target) == (inc.action.kind, inc.action.target)
+                                              for r in withdrawn):
+                inc.action.status = "skipped"
+            before = inc.state
+            if end.tell:
+                self._job_end_notice(inc, before, job_state, rows, withdrawn, now)
+            if end.state is not before:
+                inc.advance(end.state)
+            inc.ended_with_job = EndedWithJob(at=now, state_before=before, job_state=job_state,
+                                              person_told=end.tell)
+            stored.decide = False
+            self._save(stored, inc)
+            self._audit(inc.id, "daemon", f"ended with its job: {end.state.value}",
+                        f"Slurm says job {job} {'is ' + job_state if job_state else 'is no longer known'}; "
+                        f"the incident was {before.value}",
+                        "the person paged about it is mailed" if end.tell else "nobody was paged about it",
+                        now=now)
 
     def _release_history(self, job: str, quiet_s: float) -> None:
         """An ended job whose incidents stayed open (held, escalated, unresolved: waiting for a
@@ -1192,10 +1279,10 @@ class Daemon:
         else every such job's history would stay in the store, in memory and in each restore for
         ever.  Its incidents stay, with their numbers and evidence; only the windows behind their
         plots go."""
-        still_open = [i.id for i in self.store.incidents(job=job) if i.state not in FINAL]
+        incidents = [i.id for i in self.store.incidents(job=job)]
         self._forget_job(job)
-        log.info("ended job's window history released; its open incidents stay", job=job,
-                 quiet_s=round(quiet_s), incidents=still_open)
+        log.info("ended job's window history released; its incidents stay", job=job,
+                 quiet_s=round(quiet_s), incidents=incidents)
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {s.value: 0 for s in S}
@@ -1381,8 +1468,43 @@ class Daemon:
         if inc.result is not None:
             lines.append(inc.result.describe())
         lines += ["", f"Nothing is needed from you for it. artemis show {inc.id}"]
-        params = {"job": inc.job, "comment": "", "subject": f"resolved: {inc.id} {inc.cause.value} {self._where(inc)}",
-                  "text": "\n".join(lines), "comment_done": True, "mail_done": False}
+        self._notify(inc, f"resolved: {inc.id} {inc.cause.value} {self._where(inc)}", lines, now)
+
+    def _job_end_notice(self, inc: Incident, before: IncidentState, job_state: str | None,
+                        rows: list[ActionRow], withdrawn: list[ActionRow], now: float) -> None:
+        """A person was paged about this incident and its job ended before it was resolved: say so
+        once, and what they may still want to do about it (mail only, as an all-clear)."""
+        if any(r.kind == "notify" and r.params.get("job_ended") for r in rows):
+            return  # queued before a restart cut the closing short: it is not sent twice
+        slurm_said = f"Slurm: {job_state}" if job_state else "Slurm no longer knows it"
+        lines = [f"Job {inc.job} ended ({slurm_said}) while incident {inc.id} ({inc.cause.value} "
+                 f"{self._where(inc)}) was {before.value}. It is closed as unresolved: nothing showed the "
+                 f"slowdown gone, and nothing more will be done about it automatically."]
+        if inc.result is not None:
+            lines.append(inc.result.describe())
+        lines += ["", "what you may still want to do:"]
+        for row in withdrawn:
+            if row.status == "pending_approval":
+                lines.append(f"  {row.kind} {row.target or ''} waited for your approval and was not done; "
+                             f"there is nothing to approve any more")
+        drained = {r.target for r in rows if r.kind == "drain" and r.status == "done" and r.target}
+        for node in sorted(drained):
+            lines.append(f"  {node} stays drained by Artemis: once it is checked, "
+                         f"scontrol update NodeName={node} State=RESUME")
+        node = inc.node or inc.link
+        if node and node not in drained:
+            lines.append(f"  {node} was not drained and may still be at fault: the next job on it may meet it")
+            by_hand = self._by_hand(inc, "drain", node)
+            if by_hand:
+                lines.append(f"    by hand: {by_hand}")
+        lines.append(f"  the evidence and every decision: artemis show {inc.id} (its plot, --plot, for "
+                     f"EndedJobHistory after the job's last report)")
+        self._notify(inc, f"ended with its job: {inc.id} {inc.cause.value} {self._where(inc)}", lines, now,
+                     job_ended=True)
+
+    def _notify(self, inc: Incident, subject: str, lines: list[str], now: float, **marks: Any) -> None:
+        params = {"job": inc.job, "comment": "", "subject": subject, "text": "\n".join(lines),
+                  "comment_done": True, "mail_done": False, **marks}
         self.store.add_action(inc.id, "notify", inc.job, params, "queued", now, fence=self._fence)
 
     @staticmethod

@@ -175,6 +175,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         result = inc.result
         if result is not None:
             print("\n" + result.describe())
+        ended = inc.ended_with_job
+        if ended is not None:
+            print(f"\nended with its job at {_time(ended.at)} (Slurm: {ended.job_state or 'no longer known'}) "
+                  f"while {ended.state_before.value}; "
+                  + ("the person paged about it was mailed" if ended.person_told else "nobody had been paged"))
         if data["actions"]:
             print("\nactions:")
             for a in data["actions"]:
