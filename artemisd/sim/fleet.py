@@ -272,6 +272,7 @@ def to_frame(model: JobModel, c: WindowColumns) -> WindowFrame:
         telemetry=telemetry,
         env={attr: (zeros, [getattr(spec.env, attr)]) for attr in ("driver", "comm_lib", "torch", "config")},
         collectives=collectives,
+        collective_calls=1.0 if c.island_coll_ms is None else 2.0,  # as each rank reports: a call per step per stage
     )
 
 
