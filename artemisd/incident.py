@@ -190,7 +190,10 @@ class Result(BaseModel):
     expected is null; artemis.conf).  ``recovered_after_load_correction``
     (additive): recovered only at the machine's pace, after being below
     RecoveryFraction x healthy as it was — a person reading ``recovered:
-    true`` at half speed is told it rests on the load correction.  The
+    true`` at half speed is told it rests on the load correction.
+    ``recovered_within_noise`` (additive): recovered although after stayed
+    below the bar, by less than the windows' own scatter can tell from a full
+    recovery after ``verify.VERIFY_SPAN_CAP`` x VerifyWindows windows.  The
     result is set (after and recovered still null) once the action
     completes, and completed by verification.
     """
@@ -203,6 +206,7 @@ class Result(BaseModel):
     throughput_expected: float | None = None
     recovered: bool | None = None
     recovered_after_load_correction: bool | None = None
+    recovered_within_noise: bool | None = None
 
     def describe(self) -> str:
         """One line, the same in ``artemis show`` and in mail: healthy, slowed, after."""
@@ -220,6 +224,8 @@ class Result(BaseModel):
         line += f"; recovered {self.recovered if judged else 'not yet judged'}"
         if self.recovered and self.recovered_after_load_correction:
             line += " only after the load correction: below the healthy throughput as it was"
+        if self.recovered and self.recovered_within_noise:
+            line += " within the noise: below the bar by less than the windows scatter"
         return line
 
 

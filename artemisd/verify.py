@@ -206,11 +206,15 @@ class Verification:
     # Recovered only at the machine's pace: below RecoveryFraction of the healthy throughput as it
     # was, at or above it of what a healthy job makes on the machine as loaded then.
     load_corrected: bool | None = None
+    # Recovered although the median stayed below the bar: by less than the windows' noise can tell
+    # from a full recovery, after VERIFY_SPAN_CAP times the windows (``verify``).
+    within_noise: bool | None = None
 
     def result_fields(self, rounded: Callable[[float | None], float | None]) -> dict[str, Any]:
         """The fields of the incident's ``Result`` this verification measured (the caller rounds)."""
         return {"throughput_after": rounded(self.after), "throughput_expected": rounded(self.expected),
-                "recovered": self.recovered, "recovered_after_load_correction": self.load_corrected}
+                "recovered": self.recovered, "recovered_after_load_correction": self.load_corrected,
+                "recovered_within_noise": self.within_noise}
 
 
 def window_throughput(samples: Sequence[float | None], seconds: Sequence[float]) -> float | None:
@@ -380,9 +384,50 @@ def latest_since(windows: Sequence[WindowShape], rules: Rules) -> int | None:
     return windows[len(windows) - len(back) - 1].seq
 
 
+# An inconclusive measurement (below the bar, by less than its own noise can tell) goes on, up to
+# this many times VerifyWindows; below the bar by CLEAR_BELOW_SE standard errors
+# of the difference is a verdict at once.
+VERIFY_SPAN_CAP = 4
+CLEAR_BELOW_SE = 2.0
+# The standard error of a median, in standard deviations over sqrt(n), for normal noise.
+MEDIAN_SE = 1.2533
+
+
+def relative_noise(throughputs: Sequence[float]) -> float | None:
+    """How much one window's throughput scatters, relative to the median: 1.4826 x MAD / median
+    (a robust standard deviation).  None for fewer than 3 measured windows."""
+    values = np.asarray([t for t in throughputs if np.isfinite(t)], dtype=float)
+    if values.size < 3:
+        return None
+    middle = float(np.median(values))
+    if middle <= 0:
+        return None
+    return float(1.4826 * np.median(np.abs(values - middle)) / middle)
+
+
+def healthy_noise(shapes: Sequence[WindowShape], onset_window: int | None,
+                  depth: int = BASELINE_WINDOWS) -> tuple[float, int] | None:
+    """(relative noise, windows) of the healthy windows the baseline is the median of: how well
+    that median is known."""
+    before = [w.throughput for w in shapes if (onset_window is None or w.seq < onset_window)
+              and np.isfinite(w.throughput)][-depth:]
+    noise = relative_noise(before)
+    return None if noise is None else (noise, len(before))
+
+
+def _standard_error(throughputs: Sequence[float], healthy: tuple[float, int] | None) -> float:
+    """Relative standard error of (median after - healthy median): 0 where either noise is unknown,
+    which leaves the verdict to the bar alone."""
+    after = relative_noise(throughputs)
+    if healthy is None or after is None:
+        return 0.0
+    noise, count = healthy
+    return MEDIAN_SE * math.sqrt(after ** 2 / len(throughputs) + noise ** 2 / max(1, count))
+
+
 def verify(before: float | None, after: Sequence[float | WindowShape], need: int, fraction: float,
            healthy_pace: float | None = None, healthy_collectives: float | None = None,
-           min_seconds: float = 0.0) -> Verification:
+           min_seconds: float = 0.0, noise: tuple[float, int] | None = None) -> Verification:
     """``before`` is the job's *healthy* throughput (``baseline``), ``after`` the windows since the action.
 
     Judged on the median of the first ``need`` windows after the action
@@ -408,49 +453,88 @@ def verify(before: float | None, after: Sequence[float | WindowShape], need: int
     only for a subject whose fault cannot be in the collectives (a GPU, an
     input pipeline); the slowest rank's excess over the fast ranks is never
     part of the pace, so a subject that is still slow is never excused.
+
+    ``noise`` (``healthy_noise``: how much the healthy windows scatter, and
+    how many there were) makes the verdict a measurement, not a coin toss:
+    below the bar by more than ``CLEAR_BELOW_SE`` standard errors of the
+    difference of the two medians is not recovered at once; below it by
+    less, the measurement goes on, window by window, up to
+    ``VERIFY_SPAN_CAP`` times as many windows.  Still within
+    the noise then, the action is judged to have helped, and the note says
+    by how much the windows scatter: the noise of this machine cannot tell
+    it from a full recovery, and undoing a right action or paging a person
+    for noise costs more than keeping it.  On a steady machine the standard
+    error is small and the bar alone decides, as without ``noise``.
     """
-    window = span(after, need, min_seconds)
-    if window is None:
-        seconds = sum(w.seconds or 0.0 for w in after if isinstance(w, WindowShape))
-        lasting = f" ({seconds:.1f} of {min_seconds:g} s)" if min_seconds > 0 else ""
-        return Verification(False, before=before,
-                            note=f"{len(after)} of {need} windows{lasting} measured after the action")
-    throughputs = [w.throughput if isinstance(w, WindowShape) else float(w) for w in window]
-    measured = float(np.median(throughputs))
-    if before is None or before <= 0:
-        return Verification(True, None, before, measured,
-                            "no healthy baseline before the incident: recovery cannot be judged")
-    expected, load = before, ""
-    shapes = [w for w in window if isinstance(w, WindowShape)]
-    paces = [w.pace for w in shapes if w.pace is not None and w.pace > 0]
-    if healthy_pace is not None and healthy_pace > 0 and len(paces) == len(window):
-        what, healthy = "busy time", healthy_pace
-        with_collectives = healthy_collectives is not None and all(w.collectives is not None for w in shapes)
-        if with_collectives:
-            what, healthy = "busy time plus collectives", healthy_pace + healthy_collectives
-            paces = [w.pace + w.collectives for w in shapes]
-        pace = float(np.median(paces))
-        factor = pace / healthy
-        load = f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step ({pace:.1f} vs {healthy:.1f} ms)"
-        if factor >= 1.0:
-            expected = before / factor
-            load += (f": at that pace a healthy job makes {expected:.1f}, and {measured:.1f} is "
-                     f"{100.0 * measured / expected:.0f} % of it")
-        else:
-            # The machine ran faster than in the healthy windows (a load gone, a requeue onto
-            # quieter nodes).  The correction only excuses: demanding more than the healthy
-            # throughput would call a job running above it unrecovered and undo a right action,
-            # and a fault still present shows again as a straggler against its own peers.
-            load += ", faster: judged against the healthy throughput as it was"
-    recovered = measured >= fraction * expected
-    corrected = recovered and measured < fraction * before
+    cap = need * VERIFY_SPAN_CAP
+    count = need
+    while True:
+        window = span(after, count, min_seconds)
+        if window is None:
+            seconds = sum(w.seconds or 0.0 for w in after if isinstance(w, WindowShape))
+            lasting = f" ({seconds:.1f} of {min_seconds:g} s)" if min_seconds > 0 else ""
+            if count == need:
+                return Verification(False, before=before,
+                                    note=f"{len(after)} of {need} windows{lasting} measured after the action")
+            return Verification(False, before=before,
+                                note=f"{len(after)} windows{lasting} measured after the action: within their "
+                                     f"noise of the bar so far, measuring on (up to {cap} windows)")
+        throughputs = [w.throughput if isinstance(w, WindowShape) else float(w) for w in window]
+        measured = float(np.median(throughputs))
+        if before is None or before <= 0:
+            return Verification(True, None, before, measured,
+                                "no healthy baseline before the incident: recovery cannot be judged")
+        expected, load = _expected(before, measured, window, healthy_pace, healthy_collectives)
+        error = _standard_error(throughputs, noise)
+        short = (fraction * expected - measured) / expected
+        if short <= 0 or short > CLEAR_BELOW_SE * error:
+            recovered, within = short <= 0, ""
+            break
+        if len(window) >= cap:
+            recovered = True
+            scatter = 100.0 * noise[0] if noise else 0.0
+            within = (f"; {100.0 * short:.0f} points short of the bar, within the noise of {len(window)} windows "
+                      f"against {noise[1] if noise else 0} healthy ones (a healthy window scatters "
+                      f"±{scatter:.0f} %): judged to have helped")
+            break
+        count = len(window) + 1
+    corrected = recovered and not within and measured < fraction * before
     if corrected:
         load += (f"; recovered only after that load correction: {100.0 * measured / before:.0f} % of the "
                  f"healthy throughput as it was")
     return Verification(True, recovered, before, measured,
                         f"throughput {measured:.1f} samples/s after vs {before:.1f} healthy "
-                        f"({100.0 * measured / before:.0f} %{load}; recovery needs {100.0 * fraction:.0f} %)",
-                        expected, corrected if recovered is not None else None)
+                        f"({100.0 * measured / before:.0f} %{load}{within}; recovery needs {100.0 * fraction:.0f} %)",
+                        expected, corrected, bool(within))
+
+
+def _expected(before: float, measured: float, window: Sequence[float | WindowShape], healthy_pace: float | None,
+              healthy_collectives: float | None) -> tuple[float, str]:
+    """What a healthy job makes at the machine's pace in ``window`` (``verify``'s load correction), and
+    the note that says so."""
+    expected, load = before, ""
+    shapes = [w for w in window if isinstance(w, WindowShape)]
+    paces = [w.pace for w in shapes if w.pace is not None and w.pace > 0]
+    if healthy_pace is None or healthy_pace <= 0 or len(paces) != len(window):
+        return expected, load
+    what, healthy = "busy time", healthy_pace
+    if healthy_collectives is not None and all(w.collectives is not None for w in shapes):
+        what, healthy = "busy time plus collectives", healthy_pace + healthy_collectives
+        paces = [w.pace + w.collectives for w in shapes]  # type: ignore[operator]
+    pace = float(np.median(paces))
+    factor = pace / healthy
+    load = f"; the job's fast ranks ran {factor:.2f}x the healthy {what} per step ({pace:.1f} vs {healthy:.1f} ms)"
+    if factor >= 1.0:
+        expected = before / factor
+        load += (f": at that pace a healthy job makes {expected:.1f}, and {measured:.1f} is "
+                 f"{100.0 * measured / expected:.0f} % of it")
+    else:
+        # The machine ran faster than in the healthy windows (a load gone, a requeue onto
+        # quieter nodes).  The correction only excuses: demanding more than the healthy
+        # throughput would call a job running above it unrecovered and undo a right action,
+        # and a fault still present shows again as a straggler against its own peers.
+        load += ", faster: judged against the healthy throughput as it was"
+    return expected, load
 
 
 # --- the verdict on an incident's action -----------------------------------------------------------
@@ -500,7 +584,8 @@ def measure(kind: str, cause: str, ev: Evidence, rules: Rules, since: int | None
         after, unlike, unlike_note = after_windows(ev.current, None, healthy, rules.warmup)
     pace = healthy.pace if healthy is not None and kind in LOCAL_KINDS else None
     collectives = healthy.collectives if pace is not None and cause in WORK_ONLY_CAUSES else None
-    verdict = verify(ev.baseline, after, rules.windows, rules.fraction, pace, collectives, rules.seconds)
+    verdict = verify(ev.baseline, after, rules.windows, rules.fraction, pace, collectives, rules.seconds,
+                     healthy_noise(ev.origin, ev.onset_window))
     if not verdict.done and span(unlike, rules.windows, rules.seconds) is not None:
         verdict = Verification(True, None, ev.baseline, None,
                                f"{unlike_note}: recovery cannot be judged like with like")

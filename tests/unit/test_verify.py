@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from artemisd.verify import Rules, baseline, verify
@@ -293,3 +294,48 @@ def test_a_slowdown_that_comes_and_goes_is_priced_over_its_whole_life():
     spell = [(seq, 55.0) for seq in range(58, 61)]
     assert incident_loss(healthy, series + spell, 12, recurring=False) == 45.0  # the last windows: one spell
     assert incident_loss(healthy, series + spell, 12, recurring=True) == pytest.approx(13.78, abs=0.01)
+
+
+# The e2e clocks run of issue 28 on the 2-core test bed: ten healthy windows scattering from
+# 2,406 to 6,452 samples/s, and a correction that worked, measured on its first four windows.
+NOISY_HEALTHY = [6452.0, 4667.0, 3722.0, 4858.0, 2406.0, 4593.0, 3653.0, 4851.0, 5122.0, 2750.0]
+FIRST_AFTER = [4063.0, 3814.0, 1871.0, 3181.0]
+
+
+def test_a_verdict_within_the_noise_measures_on_before_it_judges():
+    from artemisd.verify import healthy_noise, relative_noise, verify, VERIFY_SPAN_CAP, WindowShape
+
+    healthy = float(np.median(NOISY_HEALTHY))
+    noise = (relative_noise(NOISY_HEALTHY), len(NOISY_HEALTHY))
+    assert healthy_noise([WindowShape(s, t, 3, 64.0, 20.0) for s, t in enumerate(NOISY_HEALTHY)], 10) == noise
+    # 84 % of healthy on four windows: under the 95 % bar, but by less than two standard errors.
+    early = verify(healthy, FIRST_AFTER, 3, 0.95, noise=noise)
+    assert not early.done and "measuring on" in early.note
+    # The job back at its healthy pace: the median of more windows clears the bar.
+    settled = verify(healthy, FIRST_AFTER + [4700.0, 4810.0, 4550.0, 4900.0, 4620.0], 3, 0.95, noise=noise)
+    assert settled.done and settled.recovered is True and not settled.within_noise
+    # Still a little short after VERIFY_SPAN_CAP x the windows: within the noise, said so.
+    short = FIRST_AFTER + [3800.0, 3900.0, 3850.0, 3700.0, 3950.0, 3820.0, 3880.0, 3760.0]
+    assert len(short) == 3 * VERIFY_SPAN_CAP
+    kept = verify(healthy, short, 3, 0.95, noise=noise)
+    assert kept.done and kept.recovered is True and kept.within_noise and "within the noise" in kept.note
+
+
+def test_a_fix_that_did_not_help_is_judged_at_once_however_noisy_the_machine():
+    from artemisd.verify import relative_noise, verify
+
+    healthy = float(np.median(NOISY_HEALTHY))
+    noise = (relative_noise(NOISY_HEALTHY), len(NOISY_HEALTHY))
+    failed = verify(healthy, [1160.0, 1370.0, 980.0], 3, 0.95, noise=noise)  # the slowed throughput
+    assert failed.done and failed.recovered is False and not failed.within_noise
+
+
+def test_on_a_steady_machine_the_bar_alone_decides():
+    from artemisd.verify import relative_noise, verify
+
+    steady = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1008.0, 992.0, 1000.0]
+    noise = (relative_noise(steady), len(steady))
+    v = verify(1000.0, [900.0, 905.0, 895.0], 3, 0.95, noise=noise)
+    assert v.done and v.recovered is False
+    # Without a noise estimate (a simulator's bare numbers) the bar alone decides, as it always did.
+    assert verify(float(np.median(NOISY_HEALTHY)), FIRST_AFTER, 3, 0.95).recovered is False
