@@ -69,6 +69,11 @@ LATE_WINDOWS = 2  # a window is analysed once a report this many windows newer a
 MAX_OPEN_WINDOWS = 8
 MAX_STEPS_PER_JOB = 16
 MAX_PENDING_PROBES = 16
+# A matched probe is asked for once a suspect is flagged in this many windows (or confirms): a
+# job's probes are few (ProbeMinInterval, ProbeMaxPerHour), and a suspect flagged once is more
+# often a start-up or scheduling blip, dismissed a window later, than a fault.  Spent on it, the
+# probe was not there for the degraded link flagged a minute later (issue 28).
+PROBE_AFTER_FLAGS = 2
 THROUGHPUT_DEPTH = 512  # windows of job throughput kept for verification
 STRAGGLER_SLACK = 3.0  # a step rise up to 3x the stragglers' excess is theirs: a straggler that is slow
 # at everything (CPU starved, say) is also slow in its collectives, so the step rises
@@ -546,10 +551,11 @@ class Analyzer:
                 incident = Incident(id=recurring.id, job=state.job, kind=kind, onset_window=streak.onset,
                                     flagged_window=seq, **subject)
             watched = state.open[key] = _Open(incident, key, key, recurrence_of=recurring)
-            if self.active_probe and key[0] in ("rank", "node", "job"):
-                # A job-wide slowdown has no suspect rank; its probe is about the links.
-                self._request_probe(state, watched, frame, context.get("rows", np.array([], dtype=int)))
         watched.measures.append(measures())
+        if (self.active_probe and watched.probe_id is None and key[0] in ("rank", "node", "job")
+                and (len(streak.flagged) >= PROBE_AFTER_FLAGS or verdict is Verdict.CONFIRMED)):
+            # A job-wide slowdown has no suspect rank; its probe is about the links.
+            self._request_probe(state, watched, frame, context.get("rows", np.array([], dtype=int)))
         watched.last_flagged = seq
         incident = watched.incident
         incident.flagged_window = seq

@@ -342,6 +342,9 @@ def test_active_probe_is_requested_and_its_verdict_becomes_evidence():
             busy[2] *= 1.3
         reports = lockstep(seq, busy, telemetry=False)
         if seq == 5:
+            # Asked for once the suspect is flagged a second time (PROBE_AFTER_FLAGS), not at its first flag.
+            assert analyzer.pending_probes() == []
+        if seq == 6:
             request = analyzer.pending_probes()[0]
             assert request.ranks == (2,) and request.job == "100"
             reports = [parse_record({**r.model_dump(exclude_none=True), "probe": ProbeResult(
@@ -353,6 +356,20 @@ def test_active_probe_is_requested_and_its_verdict_becomes_evidence():
     assert confirmed is not None
     assert any(e.signal == "probe.gemm_ms" for e in confirmed.evidence)
     assert confirmed.cause.value.startswith("gpu.")
+
+
+def test_a_suspect_flagged_once_spends_no_probe_of_the_jobs_few():
+    analyzer = Analyzer(active_probe=True)
+    rng = random.Random(9)
+    requested = []
+    for seq in range(12):
+        busy = noisy(rng)
+        if seq == 4:
+            busy[2] *= 1.5  # one slow window: a start-up or scheduling blip
+        for r in lockstep(seq, busy, telemetry=False):
+            analyzer.ingest(r)
+        requested += analyzer.pending_probes()
+    assert requested == []
 
 
 def test_settings_change_the_thresholds():

@@ -34,12 +34,12 @@ def test_a_rate_limited_probe_waits_and_goes_out_when_the_limit_allows(tmp_path)
         conf = "ProbeMinInterval=1h\nProbeMaxPerHour=10\nPartitionPolicy=gpu Auto=escalate\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
-            replies = await h.windows(range(8, 9), SLOW_BUSY, gpu=SLOW_CLOCKS)
-            [first] = [d for d in replies[0]["directives"] if d["type"] == "probe"]
-            await h.answer_probe(9, first["id"])  # rank 2's probe answers; then rank 6 slows down too
+            replies = await h.windows(range(8, 10), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [first] = [d for r in replies for d in r["directives"] if d["type"] == "probe"]
+            await h.answer_probe(10, first["id"])  # rank 2's probe answers; then rank 6 slows down too
             busy = list(SLOW_BUSY)
             busy[6] = 63.0
-            later = await h.windows(range(10, 14), busy, gpu=SLOW_CLOCKS)
+            later = await h.windows(range(11, 15), busy, gpu=SLOW_CLOCKS)
             assert not [d for r in later for d in r["directives"] if d["type"] == "probe" and d["id"] != first["id"]]
             refused = [a for a in h.daemon.store.audit_log() if a["what"].endswith("not sent")]
             assert len(refused) == 1 and "asked again when the limit allows" in refused[0]["why"]  # audited once
@@ -49,6 +49,6 @@ def test_a_rate_limited_probe_waits_and_goes_out_when_the_limit_allows(tmp_path)
             assert len(issued) == 2 and "waited" in issued[1]["why"], issued
             second = issued[1]["what"].split()[1]
             assert second != first["id"] and h.daemon.store.has_directive(second)
-            replies = await h.windows(range(14, 15), busy, gpu=SLOW_CLOCKS)
+            replies = await h.windows(range(15, 16), busy, gpu=SLOW_CLOCKS)
             assert [d["id"] for d in replies[0]["directives"] if d["type"] == "probe"] == [second]
     run(scenario)

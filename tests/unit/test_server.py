@@ -427,16 +427,17 @@ def test_probe_directive_rate_limited_and_cost_recorded(tmp_path):
         conf = "ProbeMinInterval=1h\nPartitionPolicy=gpu Auto=escalate\n"
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
-            replies = await h.windows(range(8, 9), SLOW_BUSY, gpu=SLOW_CLOCKS)
-            [probe] = [d for d in replies[0]["directives"] if d["type"] == "probe"]
+            # Asked for at the suspect's second flagged window (pipeline.PROBE_AFTER_FLAGS).
+            replies = await h.windows(range(8, 10), SLOW_BUSY, gpu=SLOW_CLOCKS)
+            [probe] = [d for r in replies for d in r["directives"] if d["type"] == "probe"]
             assert probe == {"type": "probe", "id": probe["id"], "job": "100", "step": "0"}
-            await h.answer_probe(9, probe["id"])
+            await h.answer_probe(10, probe["id"])
             costs = h.daemon.store.probe_costs()
             assert costs[0]["ranks_reported"] == WORLD and costs[0]["cost_ms"] == 30.0 * WORLD
             # A second rank flagged within the hour: no second probe.
             busy = list(SLOW_BUSY)
             busy[6] = 63.0
-            later = await h.windows(range(10, 12), busy, gpu=SLOW_CLOCKS)
+            later = await h.windows(range(11, 14), busy, gpu=SLOW_CLOCKS)
             assert not [d for r in later for d in r["directives"] if d["type"] == "probe" and d["id"] != probe["id"]]
             assert any("rate limit" in a["why"] for a in h.daemon.store.audit_log())
             metrics = await (await h.client.get("/metrics")).text()
