@@ -1413,9 +1413,10 @@ class Daemon:
                       f"what is known has changed."]
         lines += ["", f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
                   f"where: {self._where(inc)}",
-                  f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess, {inc.loss_pct} % of throughput "
-                  f"(loss_pct: the subject's excess per step)",
-                  f"measured: the job's samples/s {inc.measured_loss_pct} % below healthy (measured_loss_pct)"]
+                  f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess"]
+        loss = verify.loss_summary(inc.measured_loss_pct, inc.loss_pct)
+        if loss is not None:
+            lines.append(loss)
         if inc.result is not None:
             lines.append(inc.result.describe())
         lines += ["", "evidence:"]

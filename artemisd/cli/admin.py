@@ -28,7 +28,7 @@ from artemisd.auth import request_payload
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
 from artemisd.incident import Incident
-from artemisd.verify import window_throughput
+from artemisd.verify import loss_summary, window_throughput
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
 TIMEOUT_S = 30.0
@@ -169,9 +169,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         inc = Incident.model_validate(data["incident"])
         print(format_table([inc]))
-        if inc.loss_pct is not None or inc.measured_loss_pct is not None:
-            print(f"\nloss: {inc.loss_pct} % of throughput from the subject's excess per step; "
-                  f"measured {inc.measured_loss_pct} % from the job's samples/s against healthy")
+        loss = loss_summary(inc.measured_loss_pct, inc.loss_pct)
+        if loss is not None:
+            print(f"\n{loss}")
         result = inc.result
         if result is not None:
             print("\n" + result.describe())

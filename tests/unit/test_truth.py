@@ -380,6 +380,8 @@ def test_pending_approval_mail_says_how_to_approve(tmp_path, smtp):
             [inc] = await h.incidents()
             [text] = [mail_text(m) for m in box.messages]
             assert f"drain n1 awaits your decision: artemis approve {inc['id']}" in text
+            # One loss figure first, the one the result's samples/s add up to.
+            assert loss_summary(inc["measured_loss_pct"], inc["loss_pct"]) in text.splitlines()
     run(scenario)
 
 
