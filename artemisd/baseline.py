@@ -150,6 +150,15 @@ class RankHistory:
             at[cols] = (at[cols] + 1) % self.depth
         self.windows += 1
 
+    def pair_windows(self) -> int | None:
+        """Healthy windows the less-known rank of an island of two has (what the pair rule needs
+        ``PAIR_MIN_WINDOWS`` of before it can name either rank); None for a job without such an island."""
+        if self._wait is None or self._wait.shape[1] == 0:
+            return None
+        counts = np.sum(~np.isnan(self._wait), axis=0)
+        known = counts[counts > 0]
+        return int(known.min()) if known.size else 0
+
     def _columns(self, ranks: np.ndarray) -> np.ndarray:
         """Column of each rank (sorted, unique, as a frame's are), adding columns for new ranks."""
         if ranks.size == self._ranks.size and np.array_equal(ranks, self._ranks):

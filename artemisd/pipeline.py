@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from artemisd import change, detect, group, verify
-from artemisd.baseline import JobHistory, JobSummary, RankBaseline, RankHistory, WorkloadReference
+from artemisd.baseline import PAIR_MIN_WINDOWS, JobHistory, JobSummary, RankBaseline, RankHistory, WorkloadReference
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import (Persistence, ProbeJudgement, Verdict, agree_on_link, ask_again_about_link, judge_probe,
                               take_probe_verdict)
@@ -609,6 +609,8 @@ class Analyzer:
         incident.cause = diagnosis.cause
         incident.confidence = diagnosis.confidence
         incident.evidence = list(diagnosis.evidence)
+        if kind == "job":
+            incident.evidence.extend(self._pair_too_young(state))
         healthy = verify.baseline(state.throughput, incident.onset_window)
         slowed = verify.during(state.throughput, incident.onset_window, seq)
         incident.measured_loss_pct = verify.measured_loss(healthy, slowed)
@@ -618,6 +620,18 @@ class Analyzer:
         incident.confirmed_window = seq
         incident.action = propose(incident.kind, incident.cause, incident.node, incident.job, link=incident.link)
         incident.advance(IncidentState.CONFIRMED)
+
+    @staticmethod
+    def _pair_too_young(state: _JobState) -> list[Evidence]:
+        """Why a job-wide incident of a job with an island of two names no rank, when the reason is
+        that the pair is too young: a rank of two is named against its own healthy windows, and
+        until it has ``PAIR_MIN_WINDOWS`` of them a slowed rank reads as the whole job slowing."""
+        known = state.ranks.pair_windows()
+        if known is None or known >= PAIR_MIN_WINDOWS:
+            return []
+        return [Evidence(signal="missing", value="which rank of an island of two is slow",
+                         note=f"each rank of two is judged against its own healthy windows: {known} of the "
+                              f"{PAIR_MIN_WINDOWS} needed so far; a rank is named once it has them")]
 
     def _watch_recovery(self, state: _JobState, seq: int, flagged: set[Hashable],
                         changed: dict[str, Incident]) -> None:

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from artemisd.baseline import PAIR_MIN_WINDOWS
 from artemisd.config import AnalysisSettings
 from artemisd.incident import Cause, IncidentKind, IncidentState
 from artemisd.pipeline import Analyzer
@@ -440,3 +441,21 @@ def test_probes_that_disagree_name_no_link():
     [missing] = [e for e in incident.evidence if e.signal == "missing"]
     assert "n2, n1" in missing.value
     assert incident.action.kind == "escalate"
+
+
+def test_a_young_pair_says_why_it_names_the_job_and_not_the_rank():
+    # Two ranks, three healthy windows, then rank 1 slows 1.3x: too young for the pair rule.
+    updates = []
+    analyzer = Analyzer()
+    for seq in range(12):
+        busy = [50.0, 65.0 if seq >= 3 else 50.0]
+        for r in lockstep(seq, busy, nodes=["n0", "n1"], telemetry=False):
+            updates += analyzer.ingest(r)
+    updates += analyzer.flush()
+    confirmed = {u.id: u for u in updates if u.confirmed_window is not None}
+    jobs = [u for u in confirmed.values() if u.kind.value == "job"]
+    for job in jobs:
+        [why] = [e for e in job.evidence if e.signal == "missing" and "island of two" in str(e.value)]
+        assert f"of the {PAIR_MIN_WINDOWS} needed" in why.note
+    ranks = [u for u in confirmed.values() if u.kind.value == "rank"]
+    assert ranks and all(u.rank == 1 for u in ranks), updates  # named once the pair knows its own past
