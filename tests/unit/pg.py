@@ -9,7 +9,7 @@ package creates it), owning the directory.
 
 ``PgServer.start()`` raises ``PgUnavailable`` with the reason where no server can
 be had (no binaries, no unprivileged user); the tests skip on that, CI installs
-``postgresql`` (scripts/apt-packages.txt) so there they run.
+``postgresql`` (scripts/apt-packages-test.txt) so there they run.
 """
 
 from __future__ import annotations
