@@ -45,6 +45,9 @@ SLOWDOWN_SIGNALS = frozenset({"ms.step", "ms.busy", "ms.comm_wait", "samples_per
 # Hardware does not heal by itself: a GPU that stopped boosting, runs hot or
 # under a lowered cap, or a degraded link, slows the job for as long as it runs.
 PERSISTENT_CAUSES = frozenset({Cause.GPU_CLOCKS, Cause.GPU_POWER, Cause.GPU_THERMAL, Cause.COMM_LINK})
+# The longest a drain or requeue waits for the node's root-side check to look at the node after the
+# incident opened (``corroboration_due``): a site's node check runs every few seconds to minutes.
+CORROBORATION_WAIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,41 @@ def judge(kind: str, inc: Incident, config: Config, pol: PartitionPolicy, facts:
     return Step(kind, target, decision.mode, why, params)
 
 
+def corroboration_due(inc: Incident, config: Config, pol: PartitionPolicy, facts: Facts,
+                      kind: str | None) -> str | None:
+    """Why a hard rung waits for the node's root-side check to look again (None: it does not).
+
+    A node check runs every few seconds to minutes; an incident confirmed two
+    windows after its fault began can be decided before the check has looked
+    at the node since.  Its latest report then predates the fault, and a
+    "not corroborated" from it says nothing about the fault: the rung waits for
+    a report measured after the incident opened, at most
+    ``CORROBORATION_WAIT_S``, and is then judged on what there is (seen on the
+    test cluster at the shipped ``ConfirmWindows``: a hot GPU confirmed 3 s
+    after its fault, 2 s before the node check looked, was escalated instead of
+    drained).  Only for a rung the policy would run or ask approval for.
+    """
+    if kind not in policy.HARD_ACTIONS or facts.opened_at is None or inc.node is None:
+        return None
+    if policy.mode_of(pol, kind) == "recommend" or not config.daemon.enabled:
+        return None  # the rung will not run whatever the check says: nothing to wait for
+    if facts.now - facts.opened_at >= CORROBORATION_WAIT_S:
+        return None
+    ev = facts.node_evidence
+    measured_at = facts.now - policy.evidence_age(ev[0], ev[1], facts.now) if ev is not None else None
+    if measured_at is not None and measured_at >= facts.opened_at:
+        return None  # the check has looked since the incident opened: its word stands
+    d = config.daemon
+    seen, _ = policy.corroborated(inc, ev[1] if ev else None,
+                                  policy.evidence_age(ev[0], ev[1], facts.now) if ev else None,
+                                  d.evidence_max_age, d.hard_action_evidence, config.analysis.min_slowdown, facts.gpu)
+    if seen:
+        return None
+    return (f"{kind} {target_of(inc, kind) or ''} needs root-side corroboration, and the node check on {inc.node} "
+            f"has not looked since the incident opened: decided with its next report (at most "
+            f"{CORROBORATION_WAIT_S:.0f} s)")
+
+
 def drain_budget(pol: PartitionPolicy, facts: Facts, approving: int | None = None) -> tuple[bool, str]:
     """The partition's drain budget, from Slurm's node states and Artemis' drains.
 
@@ -377,6 +415,9 @@ def _plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str
         return Plan(plan_step, wait=held, notes=(Note("policy", "not escalated yet", held),))
     pol = config.policy_for(facts.partition)
     rungs = ladder_of(inc, config.daemon.recur_escalate)
+    due = corroboration_due(inc, config, pol, facts, rungs[plan_step] if plan_step < len(rungs) else None)
+    if due:
+        return Plan(plan_step, wait=due, notes=(Note("policy", "waiting for the node check", due),))
     notes: list[Note] = []
     if rungs == ("escalate",) and inc.recurrences:
         notes.append(Note("policy", "escalated: keeps coming back",
@@ -516,8 +557,13 @@ def after_job_end(state: IncidentState, actions: Iterable[tuple[int, str, str, M
     if not TRANSITIONS[state]:
         return None
     actions = list(actions)
-    withdrawn = tuple(action_id for action_id, kind, status, _ in actions
-                      if status == "pending_approval" or (status == "queued" and kind not in STILL_DUE_AFTER_THE_JOB))
+    # An escalation waiting to be retried (its AdminComment or mail failed, status running) has told
+    # nobody yet: it is withdrawn like a queued one, else it pages a person about a closed incident
+    # after the job ended (seen on the test cluster: "Job has already finished", retried 5 s later).
+    withdrawn = tuple(action_id for action_id, kind, status, params in actions
+                      if status == "pending_approval"
+                      or (status == "queued" and kind not in STILL_DUE_AFTER_THE_JOB)
+                      or (status == "running" and kind == "escalate" and not told_a_person(kind, status, params)))
     if state is S.SUSPECT:
         return JobEnd(S.DISMISSED, tell=False, withdrawn=withdrawn)
     told = any(told_a_person(kind, status, params) for _, kind, status, params in actions)

@@ -102,8 +102,27 @@ def test_hard_actions_need_root_side_evidence_under_load():
     conf = config("PartitionPolicy=gpu Auto=drain,escalate Cooldown=0")
     idle = {"time": NOW - 10, "gpus": [{"index": 0, "util_pct": 0, "throttle": ["idle", "sw_thermal"]}]}
     for evidence in (None, (NOW - 5, idle), (NOW - 2000, {**HOT, "time": NOW - 2000})):
-        plan = decide.plan(incident(Cause.GPU_THERMAL), 0, conf, facts(node_evidence=evidence))
+        # Past the wait for the node check to look (corroboration_due): judged on what there is.
+        plan = decide.plan(incident(Cause.GPU_THERMAL), 0, conf,
+                           facts(node_evidence=evidence, opened_at=NOW - decide.CORROBORATION_WAIT_S))
         assert plan.action is None and "root-side" in plan.walked[0].why
+
+
+def test_a_hard_rung_waits_for_the_node_check_to_look_after_the_incident_opened():
+    conf = config("PartitionPolicy=gpu Auto=drain,escalate Cooldown=0")
+    healthy_before = (NOW - 20, {"time": NOW - 20, "gpus": [{"index": 0, "util_pct": 97, "throttle": [],
+                                                             "temp_c": 45, "sm_clock_mhz": 1980}]})
+    # Confirmed 10 s after it opened; the node check last looked 20 s ago, before the fault.
+    plan = decide.plan(incident(Cause.GPU_THERMAL), 0, conf, facts(node_evidence=healthy_before, opened_at=NOW - 10))
+    assert plan.action is None and plan.escalate is None and "has not looked since" in plan.wait
+    # Its next report shows the heat: drained.
+    plan = decide.plan(incident(Cause.GPU_THERMAL), 0, conf, facts(node_evidence=(NOW - 1, {**HOT, "time": NOW - 1}),
+                                                                    opened_at=NOW - 10))
+    assert plan.action.kind == "drain"
+    # A report since the incident opened that does not show it: not corroborated, a person is told.
+    looked = (NOW - 2, {**healthy_before[1], "time": NOW - 2})
+    plan = decide.plan(incident(Cause.GPU_THERMAL), 0, conf, facts(node_evidence=looked, opened_at=NOW - 10))
+    assert plan.action is None and plan.escalate and plan.wait is None
 
 
 def test_kill_switch_and_dry_run():

@@ -15,6 +15,7 @@ import pytest
 from artemisd.decide import JobEnd, after_job_end
 from artemisd.incident import EndedWithJob, Incident, IncidentState
 from artemisd.service import QUIET_S, QUIET_SWEEP_S
+from artemisd.decide import CORROBORATION_WAIT_S
 from tests.unit.test_server import (HEALTHY, SLOW_BUSY, Clock, Harness, cluster, hot_gpu_confirmed, mail_text, run,
                                     smtp)  # noqa: F401 - fixture
 
@@ -49,6 +50,8 @@ async def ends(h: Harness, slurm_state: str) -> list[dict]:
 async def escalated(h: Harness, box) -> dict:
     """A hot GPU confirmed without the root-side evidence a drain needs: a person is mailed."""
     await hot_gpu_confirmed(h, evidence=False)
+    h.clock.now += CORROBORATION_WAIT_S  # the node check never looks: escalated once the drain waited for it
+    await h.daemon.run_once()
     [inc] = await h.incidents()
     assert inc["state"] == "escalated" and len(box.messages) == 1
     return inc
@@ -75,6 +78,9 @@ def test_only_an_escalation_that_reached_someone_is_told_and_what_never_began_is
     assert after_job_end(S.ESCALATED, sent) == JobEnd(S.UNRESOLVED, tell=True)
     half_sent = [(1, "escalate", "running", {"comment_done": True, "mail_done": False})]
     assert after_job_end(S.UNRESOLVED, half_sent).tell
+    # Waiting for a retry, having told nobody: withdrawn, not sent about a closed incident.
+    retrying = [(1, "escalate", "running", {"comment_done": False, "mail_done": False})]
+    assert after_job_end(S.ESCALATED, retrying) == JobEnd(S.UNRESOLVED, tell=False, withdrawn=(1,))
 
 
 def test_the_record_of_the_end_is_additive_absent_until_the_job_ends():

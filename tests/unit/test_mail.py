@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from artemisd import mail
+from artemisd.decide import CORROBORATION_WAIT_S
 from artemisd.config import MailSettings
 from tests.unit.test_server import HEALTHY, HOT, SLOW_BUSY, Clock, Harness, cluster, smtp  # noqa: F401 - fixture
 
@@ -50,6 +51,8 @@ def test_daemon_retries_mail_until_the_relay_is_back(tmp_path, smtp):
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await h.windows(range(0, 8), HEALTHY)
             await h.windows(range(8, 11), SLOW_BUSY, gpu=HOT)
+            h.clock.now += CORROBORATION_WAIT_S  # no node check looks: escalated once the drain waited for it
+            await h.daemon.run_once()
             [inc] = await h.incidents()
             [esc] = [a for a in (await h.show(inc["id"]))["actions"] if a["kind"] == "escalate"]
             assert esc["status"] == "running" and "SMTP relay" in esc["detail"]

@@ -19,6 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from aiosmtpd.controller import Controller
 
+from artemisd import decide
 from artemisd.auth import NoAuth
 from artemisd.config import parse_config_text
 from artemisd.server import make_app
@@ -192,6 +193,11 @@ def test_drain_without_root_evidence_is_escalated_not_done(tmp_path, smtp):
                 "PartitionPolicy=gpu Auto=drain,requeue,escalate\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await hot_gpu_confirmed(h, evidence=False)
+            # The node check has not looked since the incident opened: the drain waits for it first.
+            [inc] = await h.incidents()
+            assert inc["state"] == "confirmed" and box.messages == []
+            h.clock.now += decide.CORROBORATION_WAIT_S
+            await h.daemon.run_once()
             [inc] = await h.incidents()
             assert inc["cause"] == "gpu.thermal"
             assert inc["state"] == "escalated" and inc["action"]["kind"] == "escalate"
@@ -552,8 +558,10 @@ def test_an_ended_jobs_history_stays_for_the_person_paged_then_goes(tmp_path):
         async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\nEndedJobHistory=1d\n", slurm,
                            Clock()) as h:
             await hot_gpu_confirmed(h, range(8, 11), evidence=False)
+            h.clock.now += decide.CORROBORATION_WAIT_S  # no node check looks: escalated once it waited
+            await h.daemon.run_once()
             [before] = await h.incidents()
-            assert before["state"] not in ("resolved", "dismissed")
+            assert before["state"] == "escalated"
             slurm.jobs["100"] = replace(slurm.jobs["100"], state="COMPLETED")
 
             def asked() -> int:

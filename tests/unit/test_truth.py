@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from artemisd.decide import CORROBORATION_WAIT_S
 from artemisd.incident import Result
 from artemisd.pipeline import Analyzer, analyze_records
 from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, loss_summary, measured_loss
@@ -352,6 +353,8 @@ def test_mail_offers_only_what_exists_and_a_resolved_escalation_sends_its_all_cl
                 "PartitionPolicy=gpu Auto=drain,requeue,escalate\n")
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
             await hot_gpu_confirmed(h, evidence=False)  # no root-side evidence: escalated, nothing pending
+            h.clock.now += CORROBORATION_WAIT_S  # ... once the node check had its time to look
+            await h.daemon.run_once()
             [inc] = await h.incidents()
             assert inc["state"] == "escalated"
             [first] = [mail_text(m) for m in box.messages]
