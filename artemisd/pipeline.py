@@ -532,6 +532,7 @@ class Analyzer:
         if watched is not None and watched.incident.state is not IncidentState.SUSPECT:
             watched.healthy_windows = 0  # a confirmed incident still in force
             watched.last_flagged = seq
+            self._ask_about_links_again(state, watched, frame, context.get("job_flag"))
             return
         if watched is None:
             kind = {"rank": IncidentKind.RANK, "node": IncidentKind.NODE,
@@ -657,6 +658,25 @@ class Analyzer:
                 del state.ended[key]
 
     # -- active probe ------------------------------------------------------------
+
+    def _ask_about_links_again(self, state: _JobState, watched: _Open, frame: WindowFrame,
+                               flag: detect.JobFlag | None) -> None:
+        """A confirmed job-wide incident whose rise was in the ranks' own work, now in the collectives:
+        a new question, about the links, with probes of its own.
+
+        Seen at the shipped defaults on the test cluster: a job-wide slowdown of the
+        loaded box confirmed in the job's first windows (every rank's work rose),
+        its probe answered "normal"; a link degraded a minute later only made that
+        incident's job slower still, and no probe asked about the link again.  The
+        request waits for ``ProbeMinInterval`` like any first probe.
+        """
+        if not self.active_probe or flag is None or not flag.comm_bound or watched.comm_bound is not False:
+            return
+        watched.comm_bound = True
+        watched.judgements = []
+        watched.probe = None
+        if not watched.probe_waiting:  # one still out answers the new question when it comes
+            self._request_probe(state, watched, frame, np.array([], dtype=int))
 
     def _request_probe(self, state: _JobState, watched: _Open, frame: WindowFrame, rows: np.ndarray,
                        reason: str | None = None) -> None:

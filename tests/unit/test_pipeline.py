@@ -459,3 +459,28 @@ def test_a_young_pair_says_why_it_names_the_job_and_not_the_rank():
         assert f"of the {PAIR_MIN_WINDOWS} needed" in why.note
     ranks = [u for u in confirmed.values() if u.kind.value == "rank"]
     assert ranks and all(u.rank == 1 for u in ranks), updates  # named once the pair knows its own past
+
+
+def test_a_job_slowdown_that_moves_into_the_collectives_asks_about_the_links_again():
+    analyzer = Analyzer(active_probe=True)
+    requested = []
+
+    def window(seq, busy, comm_ms, answer=None):
+        reports = lockstep(seq, busy, comm_ms=comm_ms, telemetry=False)
+        if answer is not None:  # every rank ran the identical work at the same speed: "normal"
+            reports = [parse_record({**r.model_dump(exclude_none=True),
+                                     "probe": ProbeResult(id=answer, gemm_ms=10.0).model_dump()}) for r in reports]
+        for r in reports:
+            analyzer.ingest(r)
+        requested.extend(analyzer.pending_probes())
+
+    for seq in range(8):
+        window(seq, [50.0] * 8, 20.0)
+    for seq in range(8, 14):  # every rank's own work rises (the machine's load): a job-wide incident
+        window(seq, [65.0] * 8, 20.0, answer=requested[0].id if requested and seq == 12 else None)
+    first = list(requested)
+    assert len(first) == 1  # its probe, about the job's slowdown, answered "normal"
+    for seq in range(14, 20):  # then the collectives slow (a link degrades) while the work stays up
+        window(seq, [65.0] * 8, 60.0)
+    assert len(requested) == 2 and requested[1].incident == first[0].incident
+    assert not requested[1].corroborates  # a new question: it waits for ProbeMinInterval like any first
