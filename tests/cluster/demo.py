@@ -16,9 +16,16 @@
 5. then stalls one rank's data loader in a job that did not opt in to
    rebalancing: the incident is escalated (the email as the SMTP sink got it,
    and the AdminComment that ``sacct`` shows once the job has ended);
-6. prints each incident (cause, evidence, action, measured result), every
-   incident of the job (the dismissed suspects too), writes the incident plots
-   (``artemis show INC --plot``), and tears everything down.
+6. ends the job: its incidents still open end with it (the escalated loader
+   incident ends unresolved, and the person paged is mailed); prints each
+   incident (cause, evidence, action, measured result), what changed in each
+   since it was shown, every incident of the job (the dismissed suspects
+   too), writes the incident plots (``artemis show INC --plot``), and tears
+   everything down.
+
+The analysis, probing, verification and escalation run at the shipped
+defaults; the demo prints the few policy settings it sets beside the defaults
+they replace, and why (tests/cluster/scenario.py).
 
 Needs root (daemons, namespaces, cgroups) and the packages of
 scripts/apt-packages.txt.  Nothing leaves the machine: the nodes sit on a
@@ -37,9 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artemisd import verify
+
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
-from .scenario import DAEMON_CONF, TrainingJob, wait_for
+from .scenario import DAEMON_CONF, TrainingJob, settings_beside_defaults, wait_for
 from .procs import own_tmpdir
 from .slurm import SlurmCluster
 
@@ -58,9 +67,8 @@ def show_incident(incident: dict[str, Any]) -> str:
     lines = [f"  {incident['id']}  {incident['kind']} incident, state {incident['state']}",
              f"    where:    {where}",
              f"    cause:    {incident['cause']} (confidence {incident['confidence']})",
-             f"    impact:   {incident['ratio']}x its peers' busy time: {incident['loss_pct']} % of the job's "
-             f"throughput from its excess per step; measured {incident.get('measured_loss_pct')} % "
-             f"from the job's samples/s"]
+             f"    impact:   {verify.loss_summary(incident.get('measured_loss_pct'), incident.get('loss_pct'))}"
+             f" ({incident['ratio']}x its peers' busy time)"]
     for evidence in incident["evidence"]:
         note = f" — {evidence['note']}" if evidence.get("note") else ""
         lines.append(f"    evidence: {evidence['signal']} = {evidence['value']}"
@@ -79,6 +87,31 @@ def format_result(result: dict[str, Any]) -> str:
 
     return (f"samples/s healthy {num(result.get('throughput_healthy'))}, slowed {num(result.get('throughput_before'))}, "
             f"after {num(result.get('throughput_after'))}; recovered: {result.get('recovered')}")
+
+
+def changes_since_shown(shown: list[dict[str, Any]], final: list[dict[str, Any]]) -> list[str]:
+    """Each shown incident whose final record differs from what was shown: its state, its loss and
+    its result as they are now, so what the demo printed (and a page said) is never silently stale."""
+    by_id = {i["id"]: i for i in final}
+    lines = []
+    for before in shown:
+        after = by_id.get(before["id"])
+        if after is None:
+            continue
+        what = []
+        if after["state"] != before["state"]:
+            ended = after.get("ended_with_job")
+            why = (f" (its job ended {ended['job_state']}; the person paged was mailed)"
+                   if ended and ended.get("person_told") else
+                   f" (its job ended {ended['job_state']})" if ended else "")
+            what.append(f"state {before['state']} -> {after['state']}{why}")
+        if after.get("measured_loss_pct") != before.get("measured_loss_pct"):
+            what.append(verify.loss_summary(after.get("measured_loss_pct"), after.get("loss_pct")) or "")
+        if after.get("result") != before.get("result") and after.get("result"):
+            what.append("result: " + format_result(after["result"]))
+        if what:
+            lines.append(f"  {after['id']}: " + "; ".join(w for w in what if w))
+    return lines
 
 
 def plot(daemon: ArtemisDaemon, incident: str, out: Path) -> Path:
@@ -118,6 +151,9 @@ def run(out: Path, keep: bool) -> DemoRun:
         say(f"cluster {cluster.name} up in {cluster.bring_up_s:.1f}s ({cluster.network} layout: "
             + ", ".join(f"{n.name}={n.address}" for n in cluster.nodes.values())
             + f"); artemisd at {daemon.url}", started)
+        say("artemis.conf: the analysis, probing and verification at the shipped defaults; the policy "
+            "of a small partition that lets every rung act:\n"
+            + "\n".join(f"  {line}" for line in settings_beside_defaults(cluster.window_steps)), started)
         faults.write_healthy_gpus(cluster)
         seen.nodes = list(cluster.nodes)
 
@@ -191,11 +227,21 @@ def run(out: Path, keep: bool) -> DemoRun:
                                                           "-o", "AdminComment").stdout.strip(),
                                       "AdminComment in sacct", timeout_s=60)
         say(f"sacct -j {job.job_id} -o AdminComment (the job has ended):\n  {seen.admin_comment}", started)
+        # Slurm says the job ended: its incidents still open end with it (the loader's, escalated,
+        # ends unresolved, and the person paged about it is mailed).
+        wait_for(lambda: all(i["state"] in ("resolved", "dismissed") or i.get("ended_with_job")
+                             for i in daemon.incidents(job.job_id, everything=True)),
+                 "the job's open incidents to end with it", timeout_s=90)
         seen.every_incident = daemon.incidents(job.job_id, everything=True)
+        seen.mails = list(zip(mailbox.subjects(), mailbox.bodies()))
         say("every incident of the job, with the suspects that were never confirmed:\n" + "\n".join(
             f"  {i['id']:<7} {i['state']:<10} {i['kind']:<5} {i['cause']:<13} "
             f"{'rank ' + str(i['rank']) if i.get('rank') is not None else i.get('node') or i.get('link') or ''}"
             for i in seen.every_incident), started)
+        changed = changes_since_shown(seen.incidents, seen.every_incident)
+        if changed:
+            say("what changed since each incident was shown above (the final records):\n" + "\n".join(changed),
+                started)
         (out / "incidents.jsonl").write_text("".join(json.dumps(i) + "\n" for i in seen.every_incident))
         say("tearing down (daemons by PID, namespaces, bridge, cgroups, route)", started)
     say(f"done; incidents and plots in {out}", started)

@@ -23,22 +23,41 @@ from .slurm import SlurmCluster
 
 TRAIN = Path(__file__).with_name("train_ddp.py")
 
-# Analysis and policy for a 2-core machine shared with other work: windows of
-# 20 steps (about a second), faults injected at 3x or more, so a 50 % slowdown
-# threshold keeps scheduler noise out while every injected fault stays far
-# above it.  Whole-job slowdowns are this machine's load swings, not faults.
-DAEMON_CONF = """\
-WindowSteps=20
-MinSlowdown=0.5
-ConfirmWindows=3
-JobSlowdown=0.5
-RecoveryFraction=0.85
-VerifyWindows=4
-ProbeMinInterval=5
-ProbeMaxPerHour=100
-EvidenceMaxAge=5m
-PartitionPolicy=main Auto=correct,rebalance,drain,requeue,escalate MaxDrainFraction=0.5 MaxDrainsPerHour=100 Cooldown=1
-"""
+# The analysis runs at the shipped defaults: nothing here sets a threshold,
+# a confirmation rule, a probe budget or a verification rule.  What is set is
+# the policy a site writes for a small partition that lets every rung act by
+# itself (``SITE_POLICY``, printed by the demo beside the defaults it replaces).
+# The probe's windows are the cluster's plugstack ``window_steps`` (20, default
+# 50): shorter windows are noisier than the default's, never quieter.
+SITE_POLICY: dict[str, tuple[str, str]] = {
+    "Auto": ("correct,rebalance,drain,requeue,escalate",
+             "every rung acts by itself, so each one is shown; a site adds rungs as it trusts them"),
+    "MaxDrainFraction": ("0.5", "a 4-node partition: the default 0.1 allows no drain at all (0.1 x 4 < 1)"),
+    "MaxDrainsPerHour": ("100", "the tests drain a node in several jobs within one hour"),
+    "Cooldown": ("1", "faults follow each other in one job within minutes; at the default 15 min "
+                      "the second fault's action would wait for the first's cooldown"),
+}
+WINDOW_STEPS_WHY = "this machine's ~50 ms steps make 20-step windows of about a second"
+DAEMON_CONF = ("PartitionPolicy=main "
+               + " ".join(f"{key}={value}" for key, (value, _) in SITE_POLICY.items()) + "\n")
+
+
+def settings_beside_defaults(window_steps: int) -> list[str]:
+    """What the rig sets that a fresh install does not, each with the shipped default and why:
+    the defaults are read from the daemon's and the probe's own code, so this list cannot drift."""
+    from artemisd.config import BLOCK_KEYS, DEFAULT_POLICY
+    from torch_hook.config import ProbeConfig
+
+    keys = BLOCK_KEYS["PartitionPolicy"].keys
+    lines = []
+    for key, (value, why) in SITE_POLICY.items():
+        default = getattr(DEFAULT_POLICY, keys[key].field)
+        shown = ",".join(default) if isinstance(default, tuple) else f"{default:g}"
+        lines.append(f"{key}={value} (default {shown}): {why}")
+    default_steps = ProbeConfig.__dataclass_fields__["window_steps"].default
+    if window_steps != default_steps:
+        lines.append(f"plugstack window_steps={window_steps} (default {default_steps}): {WINDOW_STEPS_WHY}")
+    return lines
 
 
 @contextmanager

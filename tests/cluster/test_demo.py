@@ -12,6 +12,8 @@ test cluster and checks what an admin would check by eye:
 * no evidence line names a node other than the incident's own;
 * the loader stall in a job that did not opt in to rebalancing is escalated,
   visible in sacct's AdminComment and in the mailbox;
+* once the job has ended, none of its incidents is left open, and the person
+  paged about the loader is mailed that it ended with its job;
 * the job's incidents are numbered without gaps (dismissed suspects are listed).
 """
 
@@ -75,6 +77,13 @@ def test_escalation_reaches_sacct_and_the_mailbox(seen):
     assert loader["cause"] == "input.loader" and loader["state"] == "escalated"
     assert loader["id"] in seen.admin_comment and seen.admin_comment.startswith("artemis:")
     assert any(loader["id"] in subject for subject, _ in seen.mails)
+
+
+def test_incidents_end_with_the_job_and_the_person_paged_is_told(seen):
+    loader = next(i for i in seen.every_incident if i["id"] == seen.incidents[2]["id"])
+    assert loader["state"] == "unresolved" and loader["ended_with_job"]["person_told"] is True, loader
+    assert sum(loader["id"] in subject for subject, _ in seen.mails) >= 2  # the page, then the job's end
+    assert all(i["state"] in ("resolved", "dismissed") or i.get("ended_with_job") for i in seen.every_incident)
 
 
 def test_incidents_are_numbered_without_gaps(seen):

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from artemisd.config import DaemonSettings
+
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
 from .scenario import DAEMON_CONF, TrainingJob, module_daemon, wait_for
@@ -77,7 +79,8 @@ def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
         # fast ranks' busy time), so a loaded box neither fails nor flatters the fix.
         assert done["state"] == "resolved" and result["recovered"] is True, \
             artemisd.explain(done["id"])
-        assert result["throughput_after"] >= 0.85 * (result["throughput_expected"] or result["throughput_healthy"])
+        assert result["throughput_after"] >= DaemonSettings().recovery_fraction * (
+            result["throughput_expected"] or result["throughput_healthy"])
         for pct in (done["loss_pct"], done["measured_loss_pct"]):
             assert pct is None or 0.0 <= pct <= 100.0
     assert slurm_cluster.wait_job(quiet.job_id, timeout_s=120) == "COMPLETED"
@@ -94,7 +97,8 @@ def test_gpu_clocks_are_corrected_by_the_node_check_and_recovery_is_measured(
             "a gpu.clocks incident, corrected and verified", timeout_s=180)
         assert gpu.recovered.is_set()  # the node check reset the (emulated) clocks
     assert incident["node"] == node
-    assert incident["action"]["kind"] == "correct" and incident["action"]["status"] == "done"
+    assert incident["action"]["kind"] == "correct" and incident["action"]["status"] == "done", \
+        artemisd.explain(incident["id"])
     result = incident["result"]
     assert result["recovered"] is True and incident["state"] == "resolved", \
         artemisd.explain(incident["id"])
@@ -162,8 +166,12 @@ def test_degraded_link_is_localised_to_the_node(
         slurm_cluster: SlurmCluster, artemisd: ArtemisDaemon, job_factory: type) -> None:
     if slurm_cluster.network != "netns":
         pytest.skip("a per-node link needs the netns layout")
-    job, node = start(slurm_cluster, artemisd)
+    wait_s = DaemonSettings().probe_min_interval + 150
+    job, node = start(slurm_cluster, artemisd, seconds=wait_s + 120)
     with faults.DegradedLink(slurm_cluster, node):
+        # At the shipped ProbeMinInterval (300 s) a link's first probe may wait that long: on this
+        # loaded box a start-up slowdown of every rank's work often takes the job's first probe, and
+        # the link's question is asked when the interval allows (pipeline._ask_about_links_again).
         incident = job.wait_incident(lambda i: i["cause"] == "comm.link" and i["state"] != "dismissed",
-                                     "a comm.link incident", timeout_s=150)
+                                     "a comm.link incident", timeout_s=wait_s)
     assert incident["node"] == node or node in str(incident.get("link")), json.dumps(incident)
