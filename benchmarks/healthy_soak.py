@@ -46,9 +46,15 @@ def soak(minutes: float, seed: int | None) -> dict[str, object]:
             Mailbox() as mailbox, ArtemisDaemon(cluster, DAEMON_CONF, mailbox) as daemon:
         faults.write_healthy_gpus(cluster)
         seen = run_healthy_job(cluster, daemon, mailbox, minutes * 60.0, seed=seed, phase_s=(10.0, 30.0))
-        # What a person reading each incident would see first, and the audit's reasons to hold it.
-        audits = {i["id"]: [f"{a['what']}: {a['why']}" for a in daemon.get(f"/v1/incidents/{i['id']}")["audit"]
-                            if a["what"].startswith("not escalated")][:2] for i in seen.confirmed}
+        # The audit's reasons to hold each confirmed incident, and for one that paged, every line of the
+        # policy's and the verifier's: which rule let each page out.
+        audits = {}
+        for incident in seen.confirmed:
+            trail = daemon.get(f"/v1/incidents/{incident['id']}")["audit"]
+            paged = bool(seen.acted.get(incident["id"]))
+            audits[incident["id"]] = [f"{a['what']}: {a['why']}" for a in trail
+                                      if (paged and a["who"] in ("policy", "verify", "analyzer"))
+                                      or a["what"].startswith("not escalated")][:40 if paged else 2]
     return {
         "minutes": minutes, "wall_s": round(time.monotonic() - began, 1), "job_state": seen.state,
         "settings_beside_defaults": settings_beside_defaults(cluster.window_steps),
