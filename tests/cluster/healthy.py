@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .artemis import ArtemisDaemon, Mailbox
-from .procs import wait_until
+from .procs import ClusterError, wait_until
 from .scenario import TrainingJob
 from .slurm import SlurmCluster
 
@@ -105,7 +105,18 @@ def run_healthy_job(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailb
                    timeout_s=train_s)
         state = cluster.wait_job(job.job_id, timeout_s=train_s + 180)
     seen = HealthyRun(job.job_id, state, load.phases)
-    seen.incidents = [i for i in daemon.incidents(everything=True) if i.get("job") == job.job_id]
+
+    def of_the_job() -> list[dict[str, Any]]:
+        return [i for i in daemon.incidents(everything=True) if i.get("job") == job.job_id]
+
+    # The job's end reaches the daemon with its epilog, and its leader then asks Slurm before it
+    # closes what is still open: read once that has happened (bounded; what is open after stays so).
+    try:
+        wait_until(lambda: not HealthyRun(job.job_id, state, [], of_the_job()).left_open,
+                   "the job's open incidents to end with it", timeout_s=60, interval_s=1.0)
+    except ClusterError:
+        pass  # judged below, with what is still open named
+    seen.incidents = of_the_job()
     for incident in seen.incidents:
         detail = daemon.get(f"/v1/incidents/{incident['id']}")
         seen.acted[incident["id"]] = [(a["kind"], a["status"]) for a in detail["actions"] if a["kind"] in PAGING]
