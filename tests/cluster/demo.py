@@ -208,21 +208,22 @@ def run(out: Path, keep: bool) -> DemoRun:
         say(f"fault 3: rank {FAULTY_RANK}'s data loader on {stalled} stalls; the job did not opt in to "
             f"rebalancing, so a person is told", started)
         mails_before = len(mailbox.subjects())
+        # The loader stays stalled until the job ends: nobody fixed it, so its incident ends with the job.
         with faults.LoaderStall(job.stall_dir, stalled, seconds_per_batch=0.25):
             third = job.wait_incident(lambda i: i["cause"] == "input.loader" and i["state"] == "escalated",
                                       "the loader incident to be escalated", timeout_s=300)
             wait_for(lambda: len(mailbox.subjects()) > mails_before, "the escalation email", timeout_s=60)
-        seen.incidents.append(third)
-        say("incident:\n" + show_incident(third), started)
-        seen.mails = list(zip(mailbox.subjects(), mailbox.bodies()))
-        subject, body = next((s, b) for s, b in seen.mails[mails_before:] if third["id"] in s)
-        say(f"escalation email as received by the SMTP sink:\n  Subject: {subject}\n"
-            + "\n".join("  " + line for line in body.strip().splitlines()[:14]), started)
+            seen.incidents.append(third)
+            say("incident:\n" + show_incident(third), started)
+            seen.mails = list(zip(mailbox.subjects(), mailbox.bodies()))
+            subject, body = next((s, b) for s, b in seen.mails[mails_before:] if third["id"] in s)
+            say(f"escalation email as received by the SMTP sink:\n  Subject: {subject}\n"
+                + "\n".join("  " + line for line in body.strip().splitlines()[:14]), started)
 
-        for incident in seen.incidents:
-            say(f"plot: {plot(daemon, incident['id'], out)}", started)
-        job.cancel()
-        cluster.wait_job(job.job_id, timeout_s=60)
+            for incident in seen.incidents:
+                say(f"plot: {plot(daemon, incident['id'], out)}", started)
+            job.cancel()
+            cluster.wait_job(job.job_id, timeout_s=60)
         seen.admin_comment = wait_for(lambda: cluster.cmd("sacct", "-n", "-X", "-P", "-j", job.job_id,
                                                           "-o", "AdminComment").stdout.strip(),
                                       "AdminComment in sacct", timeout_s=60)
