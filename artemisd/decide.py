@@ -365,13 +365,12 @@ def corroboration_due(inc: Incident, config: Config, pol: PartitionPolicy, facts
     if facts.now - facts.opened_at >= CORROBORATION_WAIT_S:
         return None
     ev = facts.node_evidence
-    measured_at = facts.now - policy.evidence_age(ev[0], ev[1], facts.now) if ev is not None else None
-    if measured_at is not None and measured_at >= facts.opened_at:
+    age = policy.evidence_age(ev[0], ev[1], facts.now) if ev is not None else None
+    if age is not None and facts.now - age >= facts.opened_at:
         return None  # the check has looked since the incident opened: its word stands
     d = config.daemon
-    seen, _ = policy.corroborated(inc, ev[1] if ev else None,
-                                  policy.evidence_age(ev[0], ev[1], facts.now) if ev else None,
-                                  d.evidence_max_age, d.hard_action_evidence, config.analysis.min_slowdown, facts.gpu)
+    seen, _ = policy.corroborated(inc, ev[1] if ev else None, age, d.evidence_max_age, d.hard_action_evidence,
+                                  config.analysis.min_slowdown, facts.gpu)
     if seen:
         return None
     return (f"{kind} {target_of(inc, kind) or ''} needs root-side corroboration, and the node check on {inc.node} "

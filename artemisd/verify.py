@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from artemisd.detect import MAD_TO_SIGMA
+
 BASELINE_WINDOWS = 10
 # Causes whose fault lives in a rank's own work, not in the collectives it joins:
 # their verification may count the collectives' own time as the machine's pace.
@@ -402,7 +404,7 @@ def relative_noise(throughputs: Sequence[float]) -> float | None:
     middle = float(np.median(values))
     if middle <= 0:
         return None
-    return float(1.4826 * np.median(np.abs(values - middle)) / middle)
+    return float(MAD_TO_SIGMA * np.median(np.abs(values - middle)) / middle)
 
 
 def healthy_noise(shapes: Sequence[WindowShape], onset_window: int | None,
