@@ -48,6 +48,7 @@ from artemisd import verify
 
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
+from .healthy import still_open
 from .scenario import DAEMON_CONF, TrainingJob, settings_beside_defaults, wait_for
 from .procs import own_tmpdir
 from .slurm import SlurmCluster
@@ -230,8 +231,7 @@ def run(out: Path, keep: bool) -> DemoRun:
         say(f"sacct -j {job.job_id} -o AdminComment (the job has ended):\n  {seen.admin_comment}", started)
         # Slurm says the job ended: its incidents still open end with it (the loader's, escalated,
         # ends unresolved, and the person paged about it is mailed).
-        wait_for(lambda: all(i["state"] in ("resolved", "dismissed") or i.get("ended_with_job")
-                             for i in daemon.incidents(job.job_id, everything=True)),
+        wait_for(lambda: not still_open(daemon.incidents(job.job_id, everything=True)),
                  "the job's open incidents to end with it", timeout_s=90)
         seen.every_incident = daemon.incidents(job.job_id, everything=True)
         seen.mails = list(zip(mailbox.subjects(), mailbox.bodies()))

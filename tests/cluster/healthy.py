@@ -88,9 +88,12 @@ class HealthyRun:
 
     @property
     def left_open(self) -> list[dict[str, Any]]:
-        """Incidents still open although their job ended."""
-        return [i for i in self.incidents if i["state"] not in ("resolved", "dismissed")
-                and not i.get("ended_with_job")]
+        return still_open(self.incidents)
+
+
+def still_open(incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Incidents still open although their job ended."""
+    return [i for i in incidents if i["state"] not in ("resolved", "dismissed") and not i.get("ended_with_job")]
 
 
 def run_healthy_job(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, train_s: float,
@@ -112,7 +115,7 @@ def run_healthy_job(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailb
     # The job's end reaches the daemon with its epilog, and its leader then asks Slurm before it
     # closes what is still open: read once that has happened (bounded; what is open after stays so).
     try:
-        wait_until(lambda: not HealthyRun(job.job_id, state, [], of_the_job()).left_open,
+        wait_until(lambda: not still_open(of_the_job()),
                    "the job's open incidents to end with it", timeout_s=60, interval_s=1.0)
     except ClusterError:
         pass  # judged below, with what is still open named
