@@ -240,6 +240,10 @@ class JobSummary:
     throughput: float  # samples/s of the whole job; NaN when samples are not measured
     collectives: dict[str, float] = field(default_factory=dict)  # group -> ms per step
     calls: float = float("nan")  # the most collective calls per step of any rank; NaN if not measured
+    # The ranks' wait for a CPU (run-queue wait of all threads), ms per step: the mean over ranks
+    # and the median rank.  NaN where the probe does not measure it.
+    run_wait: float = float("nan")
+    run_wait_p50: float = float("nan")
 
 
 @dataclass

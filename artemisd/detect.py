@@ -75,6 +75,7 @@ MAD_TO_SIGMA = 1.4826
 SIGMA_FLOOR = 0.005  # relative to the island median
 MIN_BASELINE_WINDOWS = 3
 TRAINING_CALLS_SHARE = 0.5  # below this share of the job's usual collective calls per step, not a training window
+HOST_WAIT_SHARE = 1 / 3  # a job-wide rise whose mean run-queue wait rise is at least this share is host load
 MASK_FRACTION = 0.1  # a flagged excess under this share of the window's largest is hidden behind it
 
 
@@ -350,6 +351,10 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         finite = values[np.isfinite(values)]
         return float(np.median(finite)) if finite.size else float("nan")
 
+    wait = frame.telemetry.get("run_wait_ms_per_s")
+    # ms per second of the window -> ms per step
+    wait_per_step = wait * frame.seconds / np.maximum(frame.steps, 1) if wait is not None else np.array([np.nan])
+    measured_wait = wait_per_step[np.isfinite(wait_per_step)]
     samples = frame.samples[np.isfinite(frame.samples)]
     seconds = med(frame.seconds)
     throughput = float(samples.sum() / seconds) if samples.size and seconds > 0 else float("nan")
@@ -369,6 +374,8 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         throughput=throughput,
         collectives=dict(collectives or {}),
         calls=frame.collective_calls,
+        run_wait=float(measured_wait.mean()) if measured_wait.size else float("nan"),
+        run_wait_p50=float(np.median(measured_wait)) if measured_wait.size else float("nan"),
     )
 
 
@@ -406,10 +413,28 @@ class JobFlag:
     comm_rise_ms: float
     data_rise_ms: float
     steady: bool = True  # the job's per-step median step time rose too
+    run_wait_rise_ms: float = 0.0  # the ranks' wait for a CPU, ms per step: the mean over ranks
+    run_wait_shared_rise_ms: float = 0.0  # ... and the median rank's
 
     @property
     def comm_bound(self) -> bool:
         return self.comm_rise_ms >= self.busy_rise_ms
+
+    @property
+    def host_busy(self) -> bool:
+        """Whether the rise is the host's load: every rank waiting longer for a CPU, not a fault.
+
+        A collective waits for its slowest rank, so a host load that delays each rank's threads by
+        x ms per step delays the step by more than x: on the 2-core test bed, beside a neighbour
+        running two busy loops, the mean rank's run-queue wait rose by about half of the step's
+        rise (a tenth of the windows by less than a third).  A degraded link, a slow collective or a
+        job-wide input stall adds waiting in which no thread wants a CPU, and raises it little.  The
+        rise must be shared (the median rank's at least half the mean's): one rank starved of CPU
+        (a cgroup quota, a stray process on its node) is a straggler, not load.
+        """
+        excess = self.step_ms - self.baseline_step_ms
+        return (excess > 0 and self.run_wait_rise_ms >= HOST_WAIT_SHARE * excess
+                and self.run_wait_shared_rise_ms >= 0.5 * self.run_wait_rise_ms)
 
 
 def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSettings) -> JobFlag | None:
@@ -436,6 +461,8 @@ def detect_job(summary: JobSummary, history: JobHistory, settings: AnalysisSetti
         comm_rise_ms=rise("comm_wait"),
         data_rise_ms=rise("data"),
         steady=_steady_job(summary, history, settings),
+        run_wait_rise_ms=rise("run_wait"),
+        run_wait_shared_rise_ms=rise("run_wait_p50"),
     )
 
 

@@ -34,6 +34,7 @@ TELEMETRY_COLUMNS: dict[str, tuple[str, str]] = {
     "ctx_invol_per_s": ("host", "ctx_invol_per_s"),
     "net_retransmits_per_s": ("host", "net_retransmits_per_s"),
     "cpu_throttled_pct": ("host", "cpu_throttled_pct"),
+    "run_wait_ms_per_s": ("host", "run_wait_ms_per_s"),
 }
 
 

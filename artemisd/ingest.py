@@ -415,6 +415,7 @@ class _Host(_Fast):
     ctx_invol_per_s: _NonNegative | None = None
     net_retransmits_per_s: _NonNegative | None = None
     cpu_throttled_pct: _NonNegative | None = None
+    run_wait_ms_per_s: _NonNegative | None = None
 
 
 class _Env(_Fast):

@@ -155,6 +155,7 @@ class _Window:
     bursty_job: bool  # the job's mean step rose and its median did not
     training: bool  # the ranks ran the job's training steps (``detect.training_window``)
     change: tuple[WorkloadReference, float] | None = None
+    host_busy: bool = False  # a job-wide rise that the ranks' wait for a CPU explains (``JobFlag.host_busy``)
     inconclusive: set[Hashable] = field(default_factory=set)  # subjects neither flagged nor healthy
 
 
@@ -414,6 +415,13 @@ class Analyzer:
             window.inconclusive |= {("job",), ("change",)}
             return
         job_flag = window.job_flag
+        if job_flag is not None and job_flag.host_busy:
+            # The host's load, not a fault (``JobFlag.host_busy``): conditions that do not match the
+            # healthy windows', so evidence for nothing job-wide, and taught to no baseline.
+            window.host_busy = True
+            window.job_flag = None
+            window.inconclusive |= {("job",), ("change",)}
+            return
         if job_flag is not None and job_flag.step_ms - job_flag.baseline_step_ms <= straggler_ms:
             window.job_flag = None
             window.inconclusive.add(("job",))
@@ -487,7 +495,7 @@ class Analyzer:
         # does not slow it; at 10k ranks some suspect is nearly always open).
         stragglers_in_force = any(w.rows_key[0] in ("rank", "node") and w.incident.state is not IncidentState.SUSPECT
                                   for w in state.open.values())
-        if job_clean and window.training and not window.bursty_job and not window.rows.size and not stragglers_in_force:
+        if job_clean and window.training and not window.host_busy and not window.bursty_job and not window.rows.size and not stragglers_in_force:
             state.history.record(summary)
             self._remember_reference(state, frame, window.conditions)
 

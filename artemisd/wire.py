@@ -182,6 +182,11 @@ class HostTelemetry(_Model):
     # rank's cgroup CPU-quota periods in the window whose quota ran out
     # (cpu.stat nr_throttled / nr_periods), 0..100; 0 without a quota.
     cpu_throttled_pct: NonNegative | None = None
+    # Extension of v1: milliseconds per second that this process's threads were
+    # runnable but not running (summed over threads, /proc schedstat): time the
+    # host, or its cgroup's quota, could not give it a CPU.  May exceed 1000
+    # with several threads waiting at once.
+    run_wait_ms_per_s: NonNegative | None = None
 
 
 class EnvFingerprint(_Model):

@@ -25,7 +25,6 @@ failed locally, so a local error can never leave the ranks out of step.
 
 from __future__ import annotations
 
-import glob
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from torch_hook.telemetry.host import run_queue_wait_ms
 
 # (GEMM n, all-reduce bytes, ring bytes): small on CPU so a probe costs well
 # under a second on shared cores; large enough on GPUs to be bandwidth-bound.
@@ -109,24 +110,6 @@ def _ring_phases(world: int) -> list[list[int]]:
         phases[0].remove(world - 1)
         phases.append([world - 1])
     return phases
-
-
-def run_queue_wait_ms() -> float | None:
-    """Milliseconds this process's threads have spent runnable but not running (all threads).
-
-    The second field of ``/proc/<tid>/schedstat`` (the kernel's sched_info,
-    on in every distribution kernel).  All threads, as a communication
-    library moves data on threads of its own.  None where it cannot be read.
-    """
-    total, seen = 0, False
-    for path in glob.glob("/proc/self/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total += int(f.read().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total / 1e6 if seen else None
 
 
 def _waited(before: float | None, trips: int) -> float | None:

@@ -141,10 +141,21 @@ def test_host_parsers_and_rates():
     assert host.host_block(b, b) == {}
 
 
+def test_run_queue_wait_is_a_rate_per_second_of_the_window():
+    a = host.HostCounters(10.0, run_wait_ms=500.0)
+    b = host.HostCounters(12.0, run_wait_ms=1300.0)
+    assert host.host_block(a, b) == {"run_wait_ms_per_s": 400.0}
+    # A thread that ended took its share with it: the window reads no wait, never a negative one.
+    assert host.host_block(b, host.HostCounters(13.0, run_wait_ms=900.0)) == {"run_wait_ms_per_s": 0.0}
+    assert host.host_block(a, host.HostCounters(12.0)) == {}
+
+
 def test_host_sampler_reads_this_machine():
     sampler = host.HostSampler()
     sum(i * i for i in range(200_000))
-    HostTelemetry(**sampler.sample())
+    block = sampler.sample()
+    HostTelemetry(**block)
+    assert block["run_wait_ms_per_s"] >= 0.0  # /proc/<tid>/schedstat: every Linux with sched_info
 
 
 def test_vocabulary_matches_the_wire_contract():

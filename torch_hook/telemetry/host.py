@@ -1,6 +1,6 @@
-"""Host telemetry: this process's CPU use and preemption, how often its cgroup's
-CPU quota held it back, the node's steal and iowait, and the node's TCP
-retransmits.
+"""Host telemetry: this process's CPU use and preemption, how long its threads
+waited for a CPU, how often its cgroup's CPU quota held it back, the node's
+steal and iowait, and the node's TCP retransmits.
 
 Counters are cumulative; ``HostSampler.sample`` returns rates over the time
 since its previous call (one window).  ``psutil`` is used when importable;
@@ -12,6 +12,7 @@ pure function tested with recorded counters.
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class HostCounters:
     tcp_retrans: int | None = None
     cgroup_periods: int | None = None  # CPU-quota enforcement periods elapsed (cpu.stat nr_periods)
     cgroup_throttled_periods: int | None = None  # periods in which the quota ran out (nr_throttled)
+    run_wait_ms: float | None = None  # run-queue wait of this process's threads (see run_queue_wait_ms)
 
 
 def parse_snmp_retrans(text: str) -> int | None:
@@ -110,6 +112,27 @@ def parse_cpu_stat_periods(text: str) -> tuple[int, int] | None:
     return values["nr_periods"], values["nr_throttled"]
 
 
+def run_queue_wait_ms() -> float | None:
+    """Milliseconds this process's threads have spent runnable but not running (all threads).
+
+    The second field of ``/proc/<tid>/schedstat`` (the kernel's sched_info,
+    on in every distribution kernel): time the host could not give the
+    process a CPU — other processes, or its cgroup's quota.  All threads, as
+    a communication library moves data on threads of its own.  A thread that
+    ends takes its share with it (a window then reads low, never high).
+    None where it cannot be read.
+    """
+    total, seen = 0, False
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path, encoding="ascii") as handle:
+                total += int(handle.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e6 if seen else None
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="ascii", errors="replace") as handle:
@@ -153,7 +176,7 @@ def read_counters() -> HostCounters:
     if cpu_stat:
         periods = parse_cpu_stat_periods(cpu_stat)
     return HostCounters(now, proc_cpu, invol, total, steal, iowait, parse_snmp_retrans(snmp) if snmp else None,
-                        *(periods or (None, None)))
+                        *(periods or (None, None)), run_wait_ms=run_queue_wait_ms())
 
 
 def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
@@ -166,6 +189,8 @@ def host_block(prev: HostCounters, cur: HostCounters) -> dict[str, Any]:
         out["cpu_pct"] = round(max(0.0, cur.proc_cpu_s - prev.proc_cpu_s) / dt * 100.0, 2)
     if cur.ctx_invol is not None and prev.ctx_invol is not None:
         out["ctx_invol_per_s"] = round(max(0, cur.ctx_invol - prev.ctx_invol) / dt, 3)
+    if cur.run_wait_ms is not None and prev.run_wait_ms is not None:
+        out["run_wait_ms_per_s"] = round(max(0.0, cur.run_wait_ms - prev.run_wait_ms) / dt, 3)
     if None not in (cur.cpu_total_s, prev.cpu_total_s):
         span = cur.cpu_total_s - prev.cpu_total_s  # type: ignore[operator]
         if span > 0:
