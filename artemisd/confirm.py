@@ -54,7 +54,7 @@ comes back after its incident confirmed is taken into it
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -115,10 +115,18 @@ class Persistence:
         self.streaks: dict[Hashable, Streak] = {}
 
     def observe(self, subject: Hashable, seq: int, conditions: Hashable,
-                steady: bool = True, strict: bool = False, seconds: float = 0.0) -> tuple[Verdict, Streak]:
+                steady: bool = True, strict: bool = False, seconds: float = 0.0,
+                explained: Callable[[], bool] | None = None) -> tuple[Verdict, Streak]:
         """Record a flag of a window that lasted ``seconds``; ``strict`` (a
         subject with no healthy history yet to judge it by) asks one steady
-        window more."""
+        window more.
+
+        ``explained`` says whether a counter names the slowdown's cause in this
+        window (``localize.counter_explains``).  ``ConfirmSeconds`` is there
+        because a few short windows of a process the scheduler set back cannot
+        be told from a fault by their statistics, only by their length; when
+        the kernel or the GPU itself says why the subject is slow, the steady
+        windows suffice.  Asked only when the seconds are what is missing."""
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
@@ -137,7 +145,8 @@ class Persistence:
         need = self.need + 1 if strict else self.need
         streak.steady = [s for s in streak.steady if s > seq - (self.need + 2)]
         steady = sum(1 for s in streak.steady if s > seq - (need + 1))
-        steadily = steady >= need and streak.run_seconds >= self.min_seconds
+        steadily = steady >= need and (streak.run_seconds >= self.min_seconds
+                                       or (explained is not None and explained()))
         again_and_again = len(streak.flagged) >= need + 1 and sum(streak.seconds.values()) >= self.min_seconds
         if steadily or again_and_again:
             streak.intermittent = not steadily

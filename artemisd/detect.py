@@ -63,7 +63,7 @@ waits for the slower one, so the smaller excess costs nothing now.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -192,6 +192,54 @@ def detect_ranks(
         flagged |= pair_flagged
         steady = np.where(partner >= 0, pair_steady, steady)
     return RankFlags(median, sigma, ratio, judged, z, flagged, steady, partner)
+
+
+def own_cpu_wait(frame: WindowFrame, settings: AnalysisSettings, usual_comm_wait: float) -> np.ndarray:
+    """Each rank's wait for a CPU inside its collectives, ms per step: its own time, not waiting for others.
+
+    ``busy`` is step − comm_wait.  A rank whose threads are held off a CPU —
+    its cgroup's quota ran out, a process beside it on its node — while it
+    communicates makes every rank wait inside the collective, itself included:
+    its busy stays at its peers', every rank's wait rises, and busy names
+    nobody (issue 28: a rank capped at 15 % of a CPU under gloo was never
+    named; its step went from 13 to 26-48 ms with its busy at 2-12 ms).  Its
+    run-queue wait says whose wait it was: per island of at least three
+    measured ranks, a rank whose wait exceeds the island's median by
+    ``RobustZ`` robust sigmas (the MAD of the island's waits, at least
+    ``MinSlowdown`` of the median step) owns the part of that excess its busy
+    does not already show — at most its comm_wait beyond the job's usual
+    (``usual_comm_wait``, the collective's own time; all of it where no
+    healthy window is known yet).  Zero for every other rank; zero where the
+    wait is not measured.  The run-queue wait sums all threads, so it can
+    exceed the step: the cap keeps what is moved within what was waited.
+    """
+    extra = np.zeros(frame.size)
+    wait = frame.run_wait_per_step()
+    measured = np.isfinite(wait) & np.isfinite(frame.busy) & np.isfinite(frame.comm_wait)
+    if not measured.any():
+        return extra
+    usual = usual_comm_wait if np.isfinite(usual_comm_wait) else 0.0
+    for code in np.unique(frame.island[measured]):
+        rows = np.flatnonzero(measured & (frame.island == code))
+        if rows.size < 3:
+            continue
+        waits = wait[rows]
+        median = float(np.median(waits))
+        step = float(np.median(frame.step[rows]))
+        sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(waits - median))), settings.min_slowdown * step, 1e-9)
+        excess = waits - median
+        busy_excess = np.maximum(frame.busy[rows] - float(np.median(frame.busy[rows])), 0.0)
+        own = np.minimum(excess - busy_excess, frame.comm_wait[rows] - usual)
+        extra[rows] = np.where(excess >= settings.robust_z * sigma, np.maximum(own, 0.0), 0.0)
+    return extra
+
+
+def with_own_cpu_wait(frame: WindowFrame, extra: np.ndarray) -> WindowFrame:
+    """The frame with ``extra`` (``own_cpu_wait``) moved from each rank's comm_wait into its busy time."""
+    if not extra.any():
+        return frame
+    return replace(frame, busy=frame.busy + extra, comm_wait=frame.comm_wait - extra,
+                               busy_p50=frame.busy_p50 + extra)
 
 
 def masked_rows(frame: WindowFrame, flags: RankFlags) -> np.ndarray:
@@ -351,9 +399,7 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         finite = values[np.isfinite(values)]
         return float(np.median(finite)) if finite.size else float("nan")
 
-    wait = frame.telemetry.get("run_wait_ms_per_s")
-    # ms per second of the window -> ms per step
-    wait_per_step = wait * frame.seconds / np.maximum(frame.steps, 1) if wait is not None else np.array([np.nan])
+    wait_per_step = frame.run_wait_per_step()
     measured_wait = wait_per_step[np.isfinite(wait_per_step)]
     samples = frame.samples[np.isfinite(frame.samples)]
     seconds = med(frame.seconds)

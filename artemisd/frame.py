@@ -86,6 +86,13 @@ class WindowFrame:
     def size(self) -> int:
         return int(self.rank.shape[0])
 
+    def run_wait_per_step(self) -> np.ndarray:
+        """Each rank's run-queue wait (all its threads' time runnable, not running), ms per step; NaN if unmeasured."""
+        wait = self.telemetry.get("run_wait_ms_per_s")
+        if wait is None:
+            return np.full(self.size, np.nan)
+        return wait * self.seconds / np.maximum(self.steps, 1)
+
     @classmethod
     def from_reports(cls, reports: Sequence[WindowReport]) -> WindowFrame:
         if not reports:

@@ -52,6 +52,7 @@ STEAL_DELTA_PCT = 5.0
 CTX_FACTOR = 3.0
 CPU_SHARE_DELTA = 0.25
 THROTTLED_DELTA_PCT = 10.0
+RUN_WAIT_SHARE = 0.5  # a rank's extra wait for a CPU that explains at least half its excess is the cause
 GROUP_RISE = 1.2  # a process group's collective time up 20 % on its baseline
 
 
@@ -196,6 +197,16 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
             score = max(score, 0.7)
             evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
                                      note="process CPU share below its peers': runnable, not running"))
+    waits = frame.run_wait_per_step()
+    wait, peer_wait = _median(waits[rows]), _median(waits[peers])
+    if np.isfinite(wait) and np.isfinite(peer_wait):
+        measured = True
+        excess = _median(frame.busy[rows]) - _median(frame.busy[peers])
+        if excess > 0 and wait - peer_wait >= RUN_WAIT_SHARE * excess:
+            score = max(score, 0.75)
+            evidence.append(Evidence(signal="run_wait_ms", value=_r(wait, 2), peers=_r(peer_wait, 2),
+                                     note="waited for a CPU, ms per step (all its threads): held off a CPU by "
+                                          "its cgroup's quota or by other processes on its node"))
     throttled, peer_throttled = _median(tel["cpu_throttled_pct"][rows]), _median(tel["cpu_throttled_pct"][peers])
     if np.isfinite(throttled) and np.isfinite(peer_throttled):
         measured = True
@@ -206,6 +217,17 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
     if score:
         found.append((Cause.HOST_CPU, score, evidence))
     return found, measured
+
+
+def counter_explains(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> bool:
+    """Whether a counter of the subject's own says why it is slow: a GPU clock-event reason or power limit
+    that its peers do not share, or its cgroup's CPU quota running out (``cpu_throttled_pct``) where theirs
+    does not.  Scheduling noise moves none of these (confirm.Persistence.observe)."""
+    if _gpu_candidates(frame, rows, peers)[0]:
+        return True
+    throttled = frame.telemetry["cpu_throttled_pct"]
+    mine, theirs = _median(throttled[rows]), _median(throttled[peers])
+    return bool(np.isfinite(mine) and np.isfinite(theirs) and mine - theirs >= THROTTLED_DELTA_PCT)
 
 
 def _input_candidate(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray, excess_ms: float):

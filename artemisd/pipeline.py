@@ -56,8 +56,8 @@ from artemisd.confirm import (Persistence, ProbeJudgement, Verdict, agree_on_lin
                               take_probe_verdict)
 from artemisd.frame import ENV_FIELDS, WindowFrame, env_values
 from artemisd.incident import Evidence, Incident, IncidentKind, IncidentState, Recurrence
-from artemisd.localize import (Diagnosis, IslandPeers, diagnose_change, diagnose_job, diagnose_straggler,
-                               own_history_evidence, straggler_measures)
+from artemisd.localize import (Diagnosis, IslandPeers, counter_explains, diagnose_change, diagnose_job,
+                               diagnose_straggler, own_history_evidence, straggler_measures)
 from artemisd.remedy import propose
 from artemisd.wire import NodeEvent, ProbeResult, WindowReport
 
@@ -352,6 +352,9 @@ class Analyzer:
     def _analyze(self, state: _JobState, frame: WindowFrame,
                  probes: dict[str, dict[int, ProbeResult]]) -> list[Incident]:
         changed: dict[str, Incident] = {}
+        # A rank held off a CPU inside its collectives slows everyone there: that wait is its own time.
+        frame = detect.with_own_cpu_wait(
+            frame, detect.own_cpu_wait(frame, self.settings, state.history.reference("comm_wait")))
         self._take_probe_results(state, frame, probes, changed)
         window = self._detect(state, frame)
         grouping = group.straggler_subjects(frame, window.rows, state.open.keys())
@@ -451,7 +454,8 @@ class Analyzer:
                           lambda r=subject_rows, p=peers: straggler_measures(frame, r, p, flags, step_ms),
                           lambda r=subject_rows, p=peers, o=None: diagnose_straggler(
                               frame, r, p.rows, s.confidence_floor, o, own_history_evidence(frame, r, flags, baseline)),
-                          island=island, rows=subject_rows)
+                          island=island, rows=subject_rows,
+                          explained=lambda r=subject_rows, p=peers: counter_explains(frame, r, p.rows))
         job_flag = window.job_flag
         if job_flag is not None:
             key = ("job",)
@@ -528,9 +532,10 @@ class Analyzer:
                  steadiness: tuple[bool, bool],
                  frame: WindowFrame, changed: dict[str, Incident],
                  measures: Callable[[], tuple[float, float, float]],
-                 diagnose: Callable[..., Diagnosis] | None, **context) -> None:
+                 diagnose: Callable[..., Diagnosis] | None, explained: Callable[[], bool] | None = None,
+                 **context) -> None:
         verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness,
-                                                    seconds=float(np.median(frame.seconds)))
+                                                    seconds=float(np.median(frame.seconds)), explained=explained)
         watched = state.open.get(key)
         if watched is None and verdict is not Verdict.CONFIRMED and not steadiness[0] and len(streak.flagged) < 2:
             # A lone bursty flag (a GC pause, a blip of a few steps) is only
