@@ -70,6 +70,7 @@ import numpy as np
 from artemisd.baseline import JobHistory, JobSummary, RankBaseline
 from artemisd.config import AnalysisSettings
 from artemisd.frame import WindowFrame
+from artemisd.thresholds import THROTTLED_DELTA_PCT
 
 MAD_TO_SIGMA = 1.4826
 SIGMA_FLOOR = 0.005  # relative to the island median
@@ -206,16 +207,26 @@ def own_cpu_wait(frame: WindowFrame, settings: AnalysisSettings, usual_comm_wait
     run-queue wait says whose wait it was: per island of at least three
     measured ranks, a rank whose wait exceeds the island's median by
     ``RobustZ`` robust sigmas (the MAD of the island's waits, at least
-    ``MinSlowdown`` of the median step) owns the part of that excess its busy
-    does not already show — at most its comm_wait beyond the job's usual
-    (``usual_comm_wait``, the collective's own time; all of it where no
-    healthy window is known yet).  Zero for every other rank; zero where the
-    wait is not measured.  The run-queue wait sums all threads, so it can
-    exceed the step: the cap keeps what is moved within what was waited.
+    ``MinSlowdown`` of the median step) **and whose cgroup quota ran out**
+    in ``THROTTLED_DELTA_PCT`` points more of its periods than the island's
+    median rank owns the part of that excess its busy does not already show
+    — at most its comm_wait beyond the job's usual (``usual_comm_wait``, the
+    collective's own time; all of it where no healthy window is known yet).
+    Zero for every other rank; zero where the wait or the quota is not
+    measured.  The run-queue wait sums all threads, so it can exceed the
+    step: the cap keeps what is moved within what was waited.
+
+    The quota is required because the wait alone is no fault: on a shared
+    host the scheduler holds one rank off a CPU more than another for
+    seconds at a time.  Moved on the wait alone, a 15-minute healthy job
+    beside a busy neighbour (benchmarks/healthy_soak.py) confirmed 16
+    ``host.cpu`` ranks and paged 12 times.  A stray process on a node
+    without a quota is left to busy and the other host signals, as before.
     """
     extra = np.zeros(frame.size)
     wait = frame.run_wait_per_step()
-    measured = np.isfinite(wait) & np.isfinite(frame.busy) & np.isfinite(frame.comm_wait)
+    throttled = frame.telemetry.get("cpu_throttled_pct", np.full(frame.size, np.nan))
+    measured = np.isfinite(wait) & np.isfinite(frame.busy) & np.isfinite(frame.comm_wait) & np.isfinite(throttled)
     if not measured.any():
         return extra
     usual = usual_comm_wait if np.isfinite(usual_comm_wait) else 0.0
@@ -230,7 +241,8 @@ def own_cpu_wait(frame: WindowFrame, settings: AnalysisSettings, usual_comm_wait
         excess = waits - median
         busy_excess = np.maximum(frame.busy[rows] - float(np.median(frame.busy[rows])), 0.0)
         own = np.minimum(excess - busy_excess, frame.comm_wait[rows] - usual)
-        extra[rows] = np.where(excess >= settings.robust_z * sigma, np.maximum(own, 0.0), 0.0)
+        quota = throttled[rows] - float(np.median(throttled[rows])) >= THROTTLED_DELTA_PCT
+        extra[rows] = np.where((excess >= settings.robust_z * sigma) & quota, np.maximum(own, 0.0), 0.0)
     return extra
 
 
@@ -239,7 +251,7 @@ def with_own_cpu_wait(frame: WindowFrame, extra: np.ndarray) -> WindowFrame:
     if not extra.any():
         return frame
     return replace(frame, busy=frame.busy + extra, comm_wait=frame.comm_wait - extra,
-                               busy_p50=frame.busy_p50 + extra)
+                   busy_p50=frame.busy_p50 + extra)
 
 
 def masked_rows(frame: WindowFrame, flags: RankFlags) -> np.ndarray:

@@ -40,6 +40,7 @@ from artemisd.detect import JobFlag, RankFlags
 from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
 from artemisd.incident import Cause, Evidence
 from artemisd.thresholds import (CLOCK_DROP, HOT_DELTA_C, POWER_LIMIT_DROP, POWER_REASONS, RETRANSMIT_FACTOR,
+                                 THROTTLED_DELTA_PCT,
                                  RETRANSMITS_PER_S, THERMAL_REASONS)
 
 THERMAL_BITS = sum(THROTTLE_BIT[reason] for reason in THERMAL_REASONS)
@@ -51,8 +52,6 @@ IOWAIT_DELTA_PCT = 5.0
 STEAL_DELTA_PCT = 5.0
 CTX_FACTOR = 3.0
 CPU_SHARE_DELTA = 0.25
-THROTTLED_DELTA_PCT = 10.0
-RUN_WAIT_SHARE = 0.5  # a rank's extra wait for a CPU that explains at least half its excess is the cause
 GROUP_RISE = 1.2  # a process group's collective time up 20 % on its baseline
 
 
@@ -197,16 +196,6 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
             score = max(score, 0.7)
             evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
                                      note="process CPU share below its peers': runnable, not running"))
-    waits = frame.run_wait_per_step()
-    wait, peer_wait = _median(waits[rows]), _median(waits[peers])
-    if np.isfinite(wait) and np.isfinite(peer_wait):
-        measured = True
-        excess = _median(frame.busy[rows]) - _median(frame.busy[peers])
-        if excess > 0 and wait - peer_wait >= RUN_WAIT_SHARE * excess:
-            score = max(score, 0.75)
-            evidence.append(Evidence(signal="run_wait_ms", value=_r(wait, 2), peers=_r(peer_wait, 2),
-                                     note="waited for a CPU, ms per step (all its threads): held off a CPU by "
-                                          "its cgroup's quota or by other processes on its node"))
     throttled, peer_throttled = _median(tel["cpu_throttled_pct"][rows]), _median(tel["cpu_throttled_pct"][peers])
     if np.isfinite(throttled) and np.isfinite(peer_throttled):
         measured = True
@@ -214,6 +203,13 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
             score = max(score, 0.8)
             evidence.append(Evidence(signal="cpu_throttled_pct", value=_r(throttled, 1), peers=_r(peer_throttled, 1),
                                      note="the rank's cgroup CPU quota holds it back"))
+    waits = frame.run_wait_per_step()
+    wait, peer_wait = _median(waits[rows]), _median(waits[peers])
+    if score and np.isfinite(wait) and np.isfinite(peer_wait) and wait > peer_wait:
+        # Shown beside a signal that convicts, never alone: on a shared host the scheduler holds one
+        # rank off a CPU more than another for seconds at a time, and that wait names no fault.
+        evidence.append(Evidence(signal="run_wait_ms", value=_r(wait, 2), peers=_r(peer_wait, 2),
+                                 note="waited for a CPU, ms per step (all its threads)"))
     if score:
         found.append((Cause.HOST_CPU, score, evidence))
     return found, measured

@@ -26,3 +26,6 @@ RETRANSMITS_PER_S = 5.0
 RETRANSMIT_FACTOR = 5.0
 # A GPU this much hotter than its peers is running hot.
 HOT_DELTA_C = 10.0
+# A rank whose cgroup CPU quota ran out in this many percentage points more of its periods than its peers'
+# (``cpu_throttled_pct``) is held back by the quota.
+THROTTLED_DELTA_PCT = 10.0

@@ -8,7 +8,8 @@ stayed at its peers' 2-4 ms in half the windows — the throttling landed in
 gloo's collective, where every rank waited for it — while its run-queue wait
 rose from 4-6 to 30-86 ms per step (all threads) and its quota ran out in
 100 % of the periods.  Issue 28: busy alone named nobody; NVRx named the rank
-after 16 steps.
+after 16 steps.  The wait counts as the rank's own time only beside its quota
+counter: alone it is what a shared host's scheduler does to some rank.
 """
 
 import json
@@ -50,22 +51,21 @@ def test_the_rank_whose_quota_ran_out_is_named_two_windows_after_the_onset():
     assert 15.0 <= incident.excess_ms <= 35.0 and 40.0 <= incident.loss_pct <= 80.0
 
 
-def test_without_the_quota_counter_it_is_named_once_it_has_lasted_confirm_seconds():
-    # A process beside the rank on its node holds it off a CPU the same way, with no quota to count.
-    [incident] = replay_records(load("cpu_throttled_pct"))
-    assert (incident.rank, incident.cause) == (2, Cause.HOST_CPU)
-    assert incident.confirmed_window > 7
-    assert "run_wait_ms" in {e.signal for e in incident.evidence}
+def test_the_run_queue_wait_alone_names_nobody():
+    # Without the quota counter the wait is what a shared host's scheduler does to some rank for seconds
+    # at a time (benchmarks/healthy_soak.py paged 12 times when it was enough): not a fault by itself.
+    assert [i for i in replay_records(load("cpu_throttled_pct")) if i.rank is not None] == []
 
 
 def test_without_the_run_queue_wait_busy_alone_names_nobody():
     assert [i for i in replay_records(load("run_wait_ms_per_s")) if i.rank is not None] == []
 
 
-def _frame(busy, comm, waits):
+def _frame(busy, comm, waits, throttled=(0.0, 0.0, 100.0, 0.0)):
     """A 4-rank window (lockstep, 50 steps) whose ranks waited ``waits`` ms per step for a CPU."""
     step = max(busy) + comm  # lockstep: each rank's window lasts 50 steps of this
-    host = {r: {"run_wait_ms_per_s": w * 1000.0 / step} for r, w in enumerate(waits)}
+    host = {r: {"run_wait_ms_per_s": w * 1000.0 / step, "cpu_throttled_pct": t}
+            for r, (w, t) in enumerate(zip(waits, throttled))}
     return WindowFrame.from_reports(lockstep(0, busy, comm_ms=comm, host=host))
 
 
@@ -84,5 +84,8 @@ def test_only_the_wait_its_busy_does_not_show_moves_and_never_more_than_it_waite
 def test_ordinary_differences_in_the_wait_move_nothing():
     frame = _frame([3.0, 3.0, 3.0, 3.0], 35.0, [8.0, 7.0, 9.5, 9.0])  # under MinSlowdown of the step's spread
     assert not own_cpu_wait(frame, SETTINGS, usual_comm_wait=10.0).any()
+    # However long the wait, without its quota running out it is the scheduler's doing on a shared host.
+    unthrottled = _frame([3.0, 3.0, 3.0, 3.0], 35.0, [8.0, 7.0, 60.0, 9.0], throttled=(0.0,) * 4)
+    assert not own_cpu_wait(unthrottled, SETTINGS, usual_comm_wait=10.0).any()
     unmeasured = WindowFrame.from_reports(lockstep(0, [3.0] * 4, comm_ms=35.0))
     assert not own_cpu_wait(unmeasured, SETTINGS, usual_comm_wait=10.0).any()
