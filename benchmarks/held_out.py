@@ -141,9 +141,12 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, kind: 
 def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
     by_kind: dict[str, dict[str, Any]] = {}
     for t in trials:
-        row = by_kind.setdefault(t["fault"], {"trials": 0, "right": 0, "wrong": 0, "unnamed": 0,
+        row = by_kind.setdefault(t["fault"], {"trials": 0, "right": 0, "wrong": 0, "unnamed": 0, "errors": 0,
                                               "named_elsewhere": 0, "after_s": [], "verified_adds_up": 0})
         row["trials"] += 1
+        if "error" in t:
+            row["errors"] += 1
+            continue
         named = t.get("named")
         if named is None:
             row["unnamed"] += 1
@@ -175,9 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         if cluster.network != "netns" and "link" in args.faults:
             print("a per-node link needs the netns layout", file=sys.stderr)
             return 2
-        for n in range(args.trials):
+        for _ in range(args.trials):
             for kind in args.faults:
-                trials.append(trial(cluster, daemon, mailbox, kind, seed=args.seed + len(trials)))
+                try:
+                    trials.append(trial(cluster, daemon, mailbox, kind, seed=args.seed + len(trials)))
+                except ClusterError as err:  # the job could not train (say): a trial lost, not the run
+                    trials.append({"fault": kind, "error": str(err)[-2000:]})
                 print(json.dumps(trials[-1]), file=sys.stderr, flush=True)
     result = {"wall_s": round(time.monotonic() - began, 1), "summary": summary(trials), "trials": trials}
     text = json.dumps(result, indent=1)
