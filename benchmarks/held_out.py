@@ -1,6 +1,6 @@
 """Faults under a busy neighbour, at the shipped defaults: named on the right node? drained and verified?
 
-    .venv/bin/python benchmarks/held_out.py                        # as root; 2 trials of each, ~25 min
+    .venv/bin/python benchmarks/held_out.py                        # as root; 2 trials of each, ~6 min here
     .venv/bin/python benchmarks/held_out.py --faults link --trials 3 --json out.json
 
 Issue 28's judgement as a command.  On the test cluster (real Slurm, munge,
