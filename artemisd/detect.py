@@ -433,7 +433,7 @@ def summarize(frame: WindowFrame, collectives: dict[str, float] | None = None) -
         collectives=dict(collectives or {}),
         calls=frame.collective_calls,
         run_wait=float(measured_wait.mean()) if measured_wait.size else float("nan"),
-        run_wait_p50=float(np.median(measured_wait)) if measured_wait.size else float("nan"),
+        run_wait_p50=med(wait_per_step),
     )
 
 

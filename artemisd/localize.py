@@ -40,8 +40,7 @@ from artemisd.detect import JobFlag, RankFlags
 from artemisd.frame import THROTTLE_BIT, THROTTLE_UNMEASURED, WindowFrame
 from artemisd.incident import Cause, Evidence
 from artemisd.thresholds import (CLOCK_DROP, HOT_DELTA_C, POWER_LIMIT_DROP, POWER_REASONS, RETRANSMIT_FACTOR,
-                                 THROTTLED_DELTA_PCT,
-                                 RETRANSMITS_PER_S, THERMAL_REASONS)
+                                 RETRANSMITS_PER_S, THERMAL_REASONS, THROTTLED_DELTA_PCT)
 
 THERMAL_BITS = sum(THROTTLE_BIT[reason] for reason in THERMAL_REASONS)
 POWER_BITS = sum(THROTTLE_BIT[reason] for reason in POWER_REASONS)
@@ -196,10 +195,10 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
             score = max(score, 0.7)
             evidence.append(Evidence(signal="cpu_pct", value=_r(cpu, 1), peers=_r(peer_cpu, 1),
                                      note="process CPU share below its peers': runnable, not running"))
-    throttled, peer_throttled = _median(tel["cpu_throttled_pct"][rows]), _median(tel["cpu_throttled_pct"][peers])
+    throttled, peer_throttled, held = _quota(frame, rows, peers)
     if np.isfinite(throttled) and np.isfinite(peer_throttled):
         measured = True
-        if throttled - peer_throttled >= THROTTLED_DELTA_PCT:
+        if held:
             score = max(score, 0.8)
             evidence.append(Evidence(signal="cpu_throttled_pct", value=_r(throttled, 1), peers=_r(peer_throttled, 1),
                                      note="the rank's cgroup CPU quota holds it back"))
@@ -215,15 +214,18 @@ def _host_candidates(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) ->
     return found, measured
 
 
+def _quota(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> tuple[float, float, bool]:
+    """The subject's and its peers' ``cpu_throttled_pct`` (medians), and whether its quota holds it back."""
+    throttled = frame.telemetry["cpu_throttled_pct"]
+    mine, theirs = _median(throttled[rows]), _median(throttled[peers])
+    return mine, theirs, bool(np.isfinite(mine) and np.isfinite(theirs) and mine - theirs >= THROTTLED_DELTA_PCT)
+
+
 def counter_explains(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray) -> bool:
     """Whether a counter of the subject's own says why it is slow: a GPU clock-event reason or power limit
     that its peers do not share, or its cgroup's CPU quota running out (``cpu_throttled_pct``) where theirs
     does not.  Scheduling noise moves none of these (confirm.Persistence.observe)."""
-    if _gpu_candidates(frame, rows, peers)[0]:
-        return True
-    throttled = frame.telemetry["cpu_throttled_pct"]
-    mine, theirs = _median(throttled[rows]), _median(throttled[peers])
-    return bool(np.isfinite(mine) and np.isfinite(theirs) and mine - theirs >= THROTTLED_DELTA_PCT)
+    return bool(_gpu_candidates(frame, rows, peers)[0]) or _quota(frame, rows, peers)[2]
 
 
 def _input_candidate(frame: WindowFrame, rows: np.ndarray, peers: np.ndarray, excess_ms: float):
