@@ -80,6 +80,15 @@ QUIET_ASKED_PER_SWEEP = 64
 # ... and stops asking once a sweep has taken this long: it runs in the leader's turn, and a slow
 # slurmctld must not hold decisions, actions and verification back (the next sweep goes on from there).
 QUIET_SWEEP_BUDGET_S = 2.0
+# A job's epilog says job_end while Slurm still has it COMPLETING (the epilogs of its nodes are
+# running): Slurm is asked again this often, for at most END_COMPLETING_S (a node stuck completing
+# is left to the quiet sweep), so its incidents end once it has ended, not ten minutes later.
+END_RECHECK_S = 2.0
+END_COMPLETING_S = 600.0
+# A job forgotten as ended whose windows still arrive within this long (a rank's last reports
+# delivered after its epilog's job_end): Slurm is asked about it again, so an incident those
+# windows opened ends with it and the job is forgotten again, rather than at the quiet sweep.
+LATE_AFTER_END_S = 120.0
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
@@ -168,8 +177,11 @@ class Daemon:
         # then, when its EndedJobHistory runs from).  Not asked again while their last-seen holds.
         self._ended_open: dict[str, tuple[float | None, float]] = {}
         # Jobs whose epilog said job_end while an incident of theirs was open: the leader's next turn
-        # asks Slurm whether they ended (a requeued job's epilog says job_end too).
-        self._end_heard: set[str] = set()
+        # asks Slurm whether they ended (a requeued job's epilog says job_end too).  job -> (when it
+        # was heard, when Slurm is to be asked next): a job still completing is asked again.
+        self._end_heard: dict[str, tuple[float, float]] = {}
+        # Jobs forgotten as ended: job -> when (``LATE_AFTER_END_S``).
+        self._forgotten_ended: dict[str, float] = {}
         # (job, step) -> (time.monotonic(), self.clock() of the read, its directives): ``_directives``.
         self._directives_read: dict[tuple[str, str], tuple[float, float, list[dict[str, Any]]]] = {}
         self._logged_failures: set[tuple[str, str]] = set()
@@ -696,7 +708,8 @@ class Daemon:
         an error: each kind is logged once."""
         for stage, step_fn in (("issuing probes for", lambda: probes and self._issue_probes(now)),
                                ("pruning the history of", lambda: self._prune(pruned)),
-                               ("forgetting the ended jobs of", lambda: self._forget_ended(ended))):
+                               ("forgetting the ended jobs of",
+                                lambda: self._forget_ended(ended, pruned if probes else [], now))):
             try:
                 step_fn()
             except Exception as err:  # noqa: BLE001 - logged once per kind; the reply stands
@@ -841,7 +854,8 @@ class Daemon:
                         dropped=dropped - before, dropped_total=dropped,
                         relay_dropped=relay_dropped - relay_before, relay_dropped_total=relay_dropped)
 
-    def _forget_ended(self, kept: list[WindowReport | NodeEvent]) -> None:
+    def _forget_ended(self, ended: list[WindowReport | NodeEvent], analysed: list[WindowReport | NodeEvent],
+                      now: float) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.
 
         A requeued job's epilog also says job_end, so one with an incident open is
@@ -849,9 +863,26 @@ class Daemon:
         and its incidents end with it only if Slurm says it ended; a requeued
         job's stay open, with its history (and the analyzer's restart from it).
         """
-        for job in {r.job for r in kept if type(r) is NodeEvent and r.event == "job_end" and r.job}:
+        for job in {r.job for r in ended if type(r) is NodeEvent and r.event == "job_end" and r.job}:
             if not self._forget_if_closed(job):
-                self._end_heard.add(job)
+                self._hear_end(job, now)
+        self._late_after_end(analysed, now)
+
+    def _hear_end(self, job: str, now: float) -> None:
+        heard = self._end_heard.get(job)
+        self._end_heard[job] = (heard[0] if heard else now, now)
+
+    def _late_after_end(self, kept: list[WindowReport | NodeEvent], now: float) -> None:
+        """Windows of a job forgotten as ended, arriving after its job_end (each node's epilog runs
+        once its ranks exited, while their last reports may still be on their way): the analysis
+        holds the job again, and may open a suspect on them; Slurm is asked about it again."""
+        while self._forgotten_ended:  # in the order they were forgotten
+            job, at = next(iter(self._forgotten_ended.items()))
+            if now - at <= LATE_AFTER_END_S:
+                break
+            del self._forgotten_ended[job]
+        for job in {r.job for r in kept if r.type == "window" and r.job in self._forgotten_ended}:
+            self._hear_end(job, now)
 
     def _forget_if_closed(self, job: str) -> bool:
         """An ended job whose incidents are all closed leaves the store and memory; False: one is open,
@@ -867,6 +898,8 @@ class Daemon:
         """An ended job leaves the store and this instance's memory (a standby's, once the mark moves)."""
         self.store.forget_job(job)
         self._forget_in_memory(job)
+        self._forgotten_ended.pop(job, None)
+        self._forgotten_ended[job] = self.clock()
 
     def _forget_what_the_leader_forgot(self) -> None:
         """A standby: the jobs the leader forgot (``_forget_ended``) leave its memory too.  It cannot
@@ -891,7 +924,7 @@ class Daemon:
         self._rebalance_opt_in.discard(job)
         self._probes.forget_job(job)
         self._ended_open.pop(job, None)
-        self._end_heard.discard(job)
+        self._end_heard.pop(job, None)
         for key in [key for key in self._directives_read if key[0] == job]:
             del self._directives_read[key]
 
@@ -1210,22 +1243,30 @@ class Daemon:
                          slurm_state=info.state if info is not None else "not known to Slurm")
 
     async def _end_jobs_heard_of(self, now: float) -> None:
-        """The jobs whose epilog said job_end while an incident of theirs was open: Slurm says whether
-        they ended.  A requeued job (pending or running again) keeps its incidents open; Slurm
-        unreachable: asked again next turn, nothing closed on a guess.  Like the quiet sweep, this
-        stops at ``QUIET_SWEEP_BUDGET_S`` and the next turn goes on."""
+        """The jobs whose epilog said job_end while an incident of theirs was open, or whose windows
+        came after they were forgotten as ended: Slurm says whether they ended.  A requeued job
+        (pending or running again) keeps its incidents open; one Slurm still has COMPLETING (its
+        epilogs run while it is) is asked again in ``END_RECHECK_S``; Slurm unreachable: asked again
+        next turn, nothing closed on a guess.  Like the quiet sweep, this stops at
+        ``QUIET_SWEEP_BUDGET_S`` and the next turn goes on."""
         began = time.monotonic()
-        for job in sorted(self._end_heard):
+        for job, (heard_at, ask_at) in sorted(self._end_heard.items()):
+            if now < ask_at:
+                continue
             if time.monotonic() - began >= QUIET_SWEEP_BUDGET_S:
                 return
             try:
                 info = await self.job_info(job, fresh=True, strict=True, answered_now=True)
             except SlurmError:
                 return
-            self._end_heard.discard(job)
-            if info is None or info.finished:
-                if self._ended(job, info, now):
-                    log.info("ended job forgotten", job=job, slurm_state=info.state if info else "not known to Slurm")
+            if info is not None and info.state == "COMPLETING" and now - heard_at < END_COMPLETING_S:
+                self._end_heard[job] = (heard_at, now + END_RECHECK_S)  # ended or requeued: not yet known
+                continue
+            del self._end_heard[job]
+            if info is not None and not info.finished:
+                self._forgotten_ended.pop(job, None)  # requeued, running again: its windows are its own
+            elif self._ended(job, info, now):
+                log.info("ended job forgotten", job=job, slurm_state=info.state if info else "not known to Slurm")
 
     def _ended(self, job: str, info: JobInfo | None, now: float) -> bool:
         """Slurm says the job ended (``info``; None: it no longer knows it): its open incidents end

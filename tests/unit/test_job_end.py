@@ -14,10 +14,10 @@ import pytest
 
 from artemisd.decide import JobEnd, after_job_end
 from artemisd.incident import EndedWithJob, Incident, IncidentState
-from artemisd.service import QUIET_S, QUIET_SWEEP_S
+from artemisd.service import END_RECHECK_S, QUIET_S, QUIET_SWEEP_S
 from artemisd.decide import CORROBORATION_WAIT_S
-from tests.unit.test_server import (HEALTHY, SLOW_BUSY, Clock, Harness, cluster, hot_gpu_confirmed, mail_text, run,
-                                    smtp)  # noqa: F401 - fixture
+from tests.unit.test_server import (HEALTHY, NODES, SLOW_BUSY, Clock, Harness, cluster, hot_gpu_confirmed, lockstep,
+                                    mail_text, run, smtp)  # noqa: F401 - fixture
 
 S = IncidentState
 ESCALATING = "PartitionPolicy=gpu Auto=drain,requeue,escalate\n"
@@ -158,8 +158,45 @@ def test_a_requeued_job_keeps_its_incidents_though_its_epilog_said_job_end(tmp_p
     async def scenario(h: Harness, box) -> None:
         before = await escalated(h, box)
         assert await ends(h, "PENDING") == [before] and len(box.messages) == 1  # no second mail
-        assert h.daemon._end_heard == set()  # Slurm answered: not asked again each turn
+        assert h.daemon._end_heard == {}  # Slurm answered: not asked again each turn
         assert h.daemon.store.window_records("100")  # ... and its history stays for its next run
+    with_daemon(tmp_path, smtp, scenario)
+
+
+def test_a_job_still_completing_when_its_epilog_says_job_end_is_asked_again_until_it_ended(tmp_path, smtp):
+    """The epilogs run while Slurm has the job COMPLETING: that answer says neither ended nor
+    requeued, so Slurm is asked again, and the incident ends once the job has."""
+    async def scenario(h: Harness, box) -> None:
+        await h.windows(range(0, 8), HEALTHY)
+        await h.windows(range(8, 12), SLOW_BUSY)
+        [held] = await h.incidents()
+        assert await ends(h, "COMPLETING") == [held]
+        slurm_says(h, "COMPLETED")
+        await h.daemon.run_once()
+        assert await h.incidents() == [held]  # not asked again at once ...
+        h.clock.now += END_RECHECK_S
+        await h.daemon.run_once()  # ... but in END_RECHECK_S, not at the quiet sweep
+        [ended] = await h.incidents()
+        assert ended["state"] == "unresolved" and ended["ended_with_job"]["job_state"] == "COMPLETED"
+        assert h.daemon.analyzer.jobs() == set() and h.daemon._end_heard == {}
+    with_daemon(tmp_path, smtp, scenario)
+
+
+def test_windows_that_arrive_after_the_job_was_forgotten_end_with_it_again(tmp_path, smtp):
+    """A rank's last reports may reach the daemon after its node's epilog said job_end: the job
+    is held again, and whatever those windows opened ends with it at the next turn."""
+    async def scenario(h: Harness, box) -> None:
+        await h.windows(range(0, 8), HEALTHY)
+        assert await ends(h, "COMPLETED") == [] and h.daemon.analyzer.jobs() == set()
+        for seq in range(8, 16):  # delivered together, before the leader's next turn
+            h.clock.now += 1
+            await h.post(lockstep(seq, SLOW_BUSY, nodes=NODES))
+        [opened] = await h.incidents()
+        assert opened.get("ended_with_job") is None
+        await h.daemon.run_once()
+        [ended] = await h.incidents()
+        assert ended["ended_with_job"]["job_state"] == "COMPLETED" and ended["state"] in ("dismissed", "unresolved")
+        assert h.daemon.analyzer.jobs() == set() and box.messages == []
     with_daemon(tmp_path, smtp, scenario)
 
 
