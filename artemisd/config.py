@@ -197,7 +197,8 @@ class AnalysisSettings(_Section):
     its island peers by at least ``min_slowdown`` (relative) **and** by at least
     ``robust_z`` robust standard deviations (1.4826 x MAD of the peers).  A flag
     becomes an incident after ``confirm_windows`` consecutive flagged windows
-    under matched conditions.
+    under matched conditions, lasting ``confirm_seconds``; a job-wide slowdown
+    no signal explains must last ``job_confirm_seconds``.
     """
 
     window_steps: int = Field(default=50, ge=1, le=100_000)
@@ -205,6 +206,7 @@ class AnalysisSettings(_Section):
     robust_z: float = Field(default=4.0, gt=0.0, le=100.0)
     confirm_windows: int = Field(default=2, ge=1, le=1000)
     confirm_seconds: Seconds = Field(default=2.0, le=86_400)
+    job_confirm_seconds: Seconds = Field(default=60.0, le=86_400)
     history_windows: int = Field(default=20, ge=2, le=100_000)
     job_slowdown: float = Field(default=0.05, gt=0.0, lt=10.0)
     confidence_floor: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -492,6 +494,8 @@ KEYS: dict[str, KeySpec] = {
     "RobustZ": KeySpec("analysis", "robust_z", "robust z-score (MAD units) needed to flag"),
     "ConfirmWindows": KeySpec("analysis", "confirm_windows", "consecutive flagged windows to confirm"),
     "ConfirmSeconds": KeySpec("analysis", "confirm_seconds", "wall time a subject must stay flagged to confirm"),
+    "JobConfirmSeconds": KeySpec("analysis", "job_confirm_seconds",
+                                 "wall time a job-wide slowdown no signal explains must last to confirm"),
     "HistoryWindows": KeySpec("analysis", "history_windows", "healthy windows kept per baseline"),
     "JobSlowdown": KeySpec("analysis", "job_slowdown", "job-wide step-time rise vs baseline to flag"),
     "ConfidenceFloor": KeySpec("analysis", "confidence_floor", "below this confidence a cause is 'unknown'"),

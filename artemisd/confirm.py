@@ -116,7 +116,8 @@ class Persistence:
 
     def observe(self, subject: Hashable, seq: int, conditions: Hashable,
                 steady: bool = True, strict: bool = False, seconds: float = 0.0,
-                explained: Callable[[], bool] | None = None) -> tuple[Verdict, Streak]:
+                explained: Callable[[], bool] | None = None,
+                need_seconds: tuple[float, float] | None = None) -> tuple[Verdict, Streak]:
         """Record a flag of a window that lasted ``seconds``; ``strict`` (a
         subject with no healthy history yet to judge it by) asks one steady
         window more.
@@ -126,7 +127,9 @@ class Persistence:
         because a few short windows of a process the scheduler set back cannot
         be told from a fault by their statistics, only by their length; when
         the kernel or the GPU itself says why the subject is slow, the steady
-        windows suffice.  Asked only when the seconds are what is missing."""
+        windows suffice.  Asked only when the seconds are what is missing.
+        ``need_seconds``: (unexplained, explained) seconds this subject needs
+        instead of (``ConfirmSeconds``, none)."""
         streak = self.streaks.get(subject)
         if streak is None or streak.conditions != conditions or seq - streak.last_seq >= self.span:
             streak = self.streaks[subject] = Streak(conditions, seq)
@@ -145,9 +148,10 @@ class Persistence:
         need = self.need + 1 if strict else self.need
         streak.steady = [s for s in streak.steady if s > seq - (self.need + 2)]
         steady = sum(1 for s in streak.steady if s > seq - (need + 1))
-        steadily = steady >= need and (streak.run_seconds >= self.min_seconds
-                                       or (explained is not None and explained()))
-        again_and_again = len(streak.flagged) >= need + 1 and sum(streak.seconds.values()) >= self.min_seconds
+        unexplained_s, explained_s = need_seconds if need_seconds is not None else (self.min_seconds, 0.0)
+        steadily = steady >= need and (streak.run_seconds >= unexplained_s or (
+            streak.run_seconds >= explained_s and explained is not None and explained()))
+        again_and_again = len(streak.flagged) >= need + 1 and sum(streak.seconds.values()) >= unexplained_s
         if steadily or again_and_again:
             streak.intermittent = not steadily
             return Verdict.CONFIRMED, streak

@@ -55,7 +55,7 @@ from artemisd.config import AnalysisSettings
 from artemisd.confirm import (Persistence, ProbeJudgement, Verdict, agree_on_link, ask_again_about_link, judge_probe,
                               take_probe_verdict)
 from artemisd.frame import ENV_FIELDS, WindowFrame, env_values
-from artemisd.incident import Evidence, Incident, IncidentKind, IncidentState, Recurrence
+from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState, Recurrence
 from artemisd.localize import (Diagnosis, IslandPeers, counter_explains, diagnose_change, diagnose_job,
                                diagnose_straggler, own_history_evidence, straggler_measures)
 from artemisd.remedy import propose
@@ -461,9 +461,14 @@ class Analyzer:
             key = ("job",)
             flagged_keys.add(key)
             loss = 100.0 * (job_flag.step_ms - job_flag.baseline_step_ms) / max(job_flag.step_ms, 1e-9)
+            watched = state.open.get(key)
             self._observe(state, key, seq, conditions, (True, False), frame, changed,
                           lambda: (job_flag.step_ratio, job_flag.step_ms - job_flag.baseline_step_ms, loss),
-                          None, job_flag=job_flag, summary=summary)
+                          None, job_flag=job_flag, summary=summary,
+                          explained=lambda: diagnose_job(job_flag, frame, summary, state.history, s.confidence_floor,
+                                                         watched.probe if watched is not None else None
+                                                         ).diagnosis.cause is not Cause.UNKNOWN,
+                          need_seconds=(max(s.job_confirm_seconds, s.confirm_seconds), s.confirm_seconds))
         if window.change is not None:
             key = ("change",)
             flagged_keys.add(key)
@@ -533,9 +538,10 @@ class Analyzer:
                  frame: WindowFrame, changed: dict[str, Incident],
                  measures: Callable[[], tuple[float, float, float]],
                  diagnose: Callable[..., Diagnosis] | None, explained: Callable[[], bool] | None = None,
-                 **context) -> None:
+                 need_seconds: tuple[float, float] | None = None, **context) -> None:
         verdict, streak = state.persistence.observe(key, seq, conditions, *steadiness,
-                                                    seconds=float(np.median(frame.seconds)), explained=explained)
+                                                    seconds=float(np.median(frame.seconds)), explained=explained,
+                                                    need_seconds=need_seconds)
         watched = state.open.get(key)
         if watched is None and verdict is not Verdict.CONFIRMED and not steadiness[0] and len(streak.flagged) < 2:
             # A lone bursty flag (a GC pause, a blip of a few steps) is only

@@ -1,5 +1,6 @@
 """The Analyzer end to end on hand-built lockstep windows, one scenario per cause."""
 
+import math
 import random
 
 import pytest
@@ -113,7 +114,7 @@ def test_retransmits_alone_do_not_name_a_link():
     def fault(seq, busy):
         return {"comm_ms": 40.0, "host": {6: {"net_retransmits_per_s": 80.0}, 7: {"net_retransmits_per_s": 80.0}}}
 
-    _, [incident], _ = analyze(scenario(fault))
+    _, [incident], _ = analyze(scenario(fault, windows=20))  # 14 windows of 7 s: past JobConfirmSeconds
     assert (incident.kind, incident.node, incident.link) == (IncidentKind.JOB, None, None)
     assert incident.cause is Cause.UNKNOWN
     [retrans] = [e for e in incident.evidence if e.signal == "net_retransmits_per_s"]
@@ -122,7 +123,7 @@ def test_retransmits_alone_do_not_name_a_link():
 
 
 def test_comm_slowdown_without_link_evidence_says_unknown_and_what_is_missing():
-    _, [incident], _ = analyze(scenario(lambda seq, busy: {"comm_ms": 40.0}))
+    _, [incident], _ = analyze(scenario(lambda seq, busy: {"comm_ms": 40.0}, windows=20))
     assert incident.kind is IncidentKind.JOB and incident.cause is Cause.UNKNOWN
     missing = [e for e in incident.evidence if e.signal == "missing"]
     assert missing and "matched probes" in missing[0].value
@@ -145,6 +146,24 @@ def test_one_island_collectives_slowing_is_an_island_incident():
         windows.append(fixed)
     _, [incident], _ = analyze(windows)
     assert (incident.kind, incident.island, incident.cause) == (IncidentKind.ISLAND, "amd", Cause.COMM_ISLAND)
+
+
+def test_a_job_wide_slowdown_that_a_signal_explains_confirms_at_once_one_nothing_explains_must_last():
+    """Judged against the job's own past, not its peers in the same window, a job-wide rise is what
+    the neighbours' load makes too (held-out stacks beside a busy neighbour confirmed a job-wide
+    ``unknown`` in every control): nothing explaining it, it must last ``JobConfirmSeconds``;
+    every rank's input waits rising explain it, and ``ConfirmSeconds`` suffices as for a rank."""
+    def stalled(seq, busy):
+        return {"data": [30.0] * 8} if seq >= 6 else None  # ms of each rank's busy spent waiting for data
+
+    def busier(seq, busy):
+        busy[:] = [b * 1.3 for b in busy]
+
+    _, [loader], _ = analyze(scenario(lambda seq, busy: (busier(seq, busy), stalled(seq, busy))[1], windows=20))
+    assert loader.cause is Cause.INPUT_LOADER and loader.confirmed_window == 7
+    _, [unknown], _ = analyze(scenario(busier, windows=20))
+    lasting = math.ceil(AnalysisSettings().job_confirm_seconds / (50 * 0.15))  # 50 steps of ~150 ms
+    assert unknown.cause is Cause.UNKNOWN and unknown.confirmed_window == 6 + lasting - 1
 
 
 def test_straggler_does_not_also_raise_a_job_incident():
@@ -201,9 +220,12 @@ def test_a_job_wide_slowdown_that_keeps_its_collectives_still_confirms_around_a_
     rng = random.Random(8)
     windows = [lockstep(seq, noisy(rng)) for seq in range(10)]
     windows += [away_from_training(seq, 1500.0) for seq in range(10, 13)]  # the job's usual evaluation
-    windows += [lockstep(seq, [b * 1.2 for b in noisy(rng)]) for seq in range(13, 20)]  # every rank 20 % slower
+    windows += [lockstep(seq, [b * 1.2 for b in noisy(rng)]) for seq in range(13, 30)]  # every rank 20 % slower
     _, [incident], _ = analyze(windows)
-    assert incident.kind is IncidentKind.JOB and incident.onset_window == 13 and incident.confirmed_window == 14
+    # Nothing explains the rise: confirmed once its windows (50 steps of ~140 ms) last JobConfirmSeconds.
+    lasting = math.ceil(AnalysisSettings().job_confirm_seconds / (50 * 0.14))
+    assert incident.kind is IncidentKind.JOB and incident.onset_window == 13
+    assert incident.confirmed_window == 13 + lasting - 1
     assert incident.ratio == pytest.approx(140 / 120, abs=0.02)  # against the training windows, not the stretch
 
 
@@ -476,11 +498,14 @@ def test_a_job_slowdown_that_moves_into_the_collectives_asks_about_the_links_aga
 
     for seq in range(8):
         window(seq, [50.0] * 8, 20.0)
-    for seq in range(8, 14):  # every rank's own work rises (the machine's load): a job-wide incident
+    # Every rank's own work rises (the machine's load) for 18 windows of ~4 s: a job-wide incident,
+    # confirmed once it lasted JobConfirmSeconds.
+    for seq in range(8, 26):
         window(seq, [65.0] * 8, 20.0, answer=requested[0].id if requested and seq == 12 else None)
     first = list(requested)
     assert len(first) == 1  # its probe, about the job's slowdown, answered "normal"
-    for seq in range(14, 20):  # then the collectives slow (a link degrades) while the work stays up
+    assert [i.state for i in analyzer.incidents] == [IncidentState.CONFIRMED]
+    for seq in range(26, 32):  # then the collectives slow (a link degrades) while the work stays up
         window(seq, [65.0] * 8, 60.0)
     assert len(requested) == 2 and requested[1].incident == first[0].incident
     assert not requested[1].corroborates  # a new question: it waits for ProbeMinInterval like any first

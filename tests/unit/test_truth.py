@@ -207,7 +207,8 @@ def test_probes_that_agree_name_no_link_for_a_slowdown_of_every_rank_s_own_work(
     async def scenario():
         conf = link_conf(relay)
         async with Harness(tmp_path, conf, cluster(), Clock()) as h:
-            probes = await _degraded_link(h, ["n2", "n2"], range(0, 13), slowed_busy=65.0)
+            # 18 windows of the rise: an unexplained job-wide one confirms once it lasted JobConfirmSeconds.
+            probes = await _degraded_link(h, ["n2", "n2"], range(0, 26), slowed_busy=65.0)
             assert len(probes) == 2
             incidents = await h.incidents()
             assert [i["kind"] for i in incidents] == ["job"] and incidents[0]["link"] is None, incidents
