@@ -127,15 +127,21 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, kind: 
         out["drained"] = cluster.drain_reasons()
         out["mails"] = mailbox.subjects()[mails_before:]
     finally:
-        job.cancel()
-        try:
-            wait_until(lambda: cluster.job_state(job.job_id) not in ("RUNNING", "COMPLETING", "PENDING"),
-                       "the trial's job to end", timeout_s=120)
-        except ClusterError:
-            pass
-        cluster.reset()
-        faults.write_healthy_gpus(cluster)
+        end_trial(cluster, job)
     return out
+
+
+def end_trial(cluster: SlurmCluster, job: TrainingJob) -> None:
+    """The trial's job cancelled and gone, every node back in service, every GPU healthy: the next
+    trial starts as the first did."""
+    job.cancel()
+    try:
+        wait_until(lambda: cluster.job_state(job.job_id) not in ("RUNNING", "COMPLETING", "PENDING"),
+                   "the trial's job to end", timeout_s=120)
+    except ClusterError:
+        pass
+    cluster.reset()
+    faults.write_healthy_gpus(cluster)
 
 
 def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,12 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                 except ClusterError as err:  # the job could not train (say): a trial lost, not the run
                     trials.append({"fault": kind, "error": str(err)[-2000:]})
                 print(json.dumps(trials[-1]), file=sys.stderr, flush=True)
-    result = {"wall_s": round(time.monotonic() - began, 1), "summary": summary(trials), "trials": trials}
+    report({"wall_s": round(time.monotonic() - began, 1), "summary": summary(trials), "trials": trials}, args.json)
+    return 0
+
+
+def report(result: dict[str, Any], path: Path | None) -> None:
+    """The run's one JSON object on stdout, and in ``path`` where given."""
     text = json.dumps(result, indent=1)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    if path is not None:
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from artemisd.store import RECORD_COUNT
+from artemisd.store import RECORD_COUNT, window_bodies
 
 from .procs import ClusterError, Daemon, spawn, tail, wait_until
 from .slurm import SlurmCluster, free_port
@@ -133,6 +133,15 @@ class ArtemisDaemon:
         db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
         try:
             return int(db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE job = ?", (job,)).fetchone()[0])
+        finally:
+            db.close()
+
+    def window_records(self, job: str) -> list[dict[str, Any]]:
+        """``job``'s stored window reports in stored order: a trace ``artemis replay`` reads."""
+        db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            return window_bodies(db.execute("SELECT body, items, skipped FROM records "
+                                            "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
         finally:
             db.close()
 

@@ -70,15 +70,15 @@ def module_daemon(cluster: SlurmCluster, conf: str, mailbox: Mailbox | None) -> 
     daemon.wipe_state()
 
 
-def batch_script(cluster: SlurmCluster, args: str) -> str:
-    """A batch script a user would write: rendezvous at the first node, then srun."""
+def batch_script(cluster: SlurmCluster, args: str, program: Path = TRAIN) -> str:
+    """A batch script a user would write: rendezvous at the first node, then srun ``program``."""
     iface = next(iter(cluster.nodes.values())).iface
     return f"""#!/bin/bash
 NODE0=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
 export MASTER_ADDR=$(scontrol show node "$NODE0" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export GLOO_SOCKET_IFNAME={iface}
-srun --kill-on-bad-exit=1 {sys.executable} {TRAIN} {args}
+srun --kill-on-bad-exit=1 {sys.executable} {program} {args}
 """
 
 
@@ -94,7 +94,10 @@ class TrainingJob:
     @classmethod
     def submit(cls, cluster: SlurmCluster, daemon: ArtemisDaemon | None, *, nodes: int = 3,
                artemis: str | None = "on", seconds: float = 240.0,
-               sbatch_args: tuple[str, ...] = ()) -> TrainingJob:
+               sbatch_args: tuple[str, ...] = (), program: tuple[Path, str] | None = None,
+               env: dict[str, str] | None = None) -> TrainingJob:
+        """``program``: another training script and its arguments than train_ddp.py's (whose
+        progress log ``steps`` reads); ``env``: more of the submitting user's environment."""
         stall_dir = cluster.dir / "stall"
         stall_dir.mkdir(exist_ok=True)
         progress = cluster.dir / "progress" / f"{time.time_ns()}"
@@ -102,15 +105,15 @@ class TrainingJob:
         flags = [f"--artemis={artemis}"] if artemis else []
         out = cluster.dir / "jobs" / "train-%j.out"
         job_id = cluster.sbatch(
-            batch_script(cluster, f"--seconds {seconds:g} --stall-dir {stall_dir} "
-                                  f"--progress-dir {progress}"),
+            batch_script(cluster, f"--seconds {seconds:g} --stall-dir {stall_dir} --progress-dir {progress}")
+            if program is None else batch_script(cluster, program[1], program[0]),
             *flags, "-N", str(nodes), "--ntasks-per-node=1", "--requeue", "-J", "train",
             "-o", str(out), *sbatch_args,
             # The site's runtime environment on these emulated nodes: where munged
             # listens and which telemetry backend plays the GPUs.
             env={"ARTEMIS_MUNGE_SOCKET": str(cluster.munge_socket),
                  "ARTEMIS_TELEMETRY": "emulated",
-                 "ARTEMIS_EMULATED_GPU_DIR": str(cluster.emulated_gpu_dir)},
+                 "ARTEMIS_EMULATED_GPU_DIR": str(cluster.emulated_gpu_dir), **(env or {})},
         )
         return cls(cluster, daemon, job_id, Path(str(out).replace("%j", job_id)), stall_dir, progress)
 

@@ -67,11 +67,18 @@ def _digest(params: Any) -> float:
 
 
 class Slowdown:
+    """``slow_rank`` sleeps ``slow_ms`` before each iteration from ``slow_from`` on, or (a job on
+    the test cluster, benchmarks/held_out_stacks.py) once the file ``slow_file`` exists: as many
+    milliseconds as the file says (the benchmark sizes it by the job's healthy step)."""
+
     def __init__(self, spec: dict, enabled: bool):
-        self.ms = spec.get("slow_ms", 0) if enabled and _rank() == spec.get("slow_rank") else 0
+        self.ms = float(spec.get("slow_ms", 0)) if enabled and _rank() == spec.get("slow_rank") else 0.0
         self.start = spec.get("slow_from", 1 << 30)
+        self.file = spec.get("slow_file") if self.ms else None
 
     def __call__(self, iteration: int) -> None:
+        if self.file is not None and os.path.exists(self.file):
+            self.ms, self.file, self.start = float(Path(self.file).read_text() or self.ms), None, 0
         if self.ms and iteration >= self.start:
             time.sleep(self.ms / 1e3)
 
@@ -244,7 +251,10 @@ def run_lightning(spec: dict, slow: Slowdown) -> tuple[list[float], float]:
     g = torch.Generator().manual_seed(7)
     data = TensorDataset(torch.randn(512, WIDTH, generator=g), torch.randn(512, 1, generator=g))
     module = Module()
-    trainer = L.Trainer(accelerator="cpu", devices=_world(), num_nodes=1, strategy="ddp", max_steps=spec["steps"],
+    # Under srun (the test cluster), as a Lightning user there writes it: the tasks of a node, the nodes.
+    nodes = int(os.environ.get("SLURM_NNODES", "1")) if "SLURM_NTASKS" in os.environ else 1
+    trainer = L.Trainer(accelerator="cpu", devices=_world() // nodes, num_nodes=nodes, strategy="ddp",
+                        max_steps=spec["steps"],
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=spec["out"] + "/lightning")
     trainer.fit(module, DataLoader(data, batch_size=8, shuffle=False))
@@ -257,6 +267,9 @@ STACKS = {"ddp": run_ddp, "compiled": run_compiled, "manual": run_manual, "fsdp1
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
+        if ours not in os.environ and slurm in os.environ:  # one task per rank under srun
+            os.environ[ours] = os.environ[slurm]
     torch.set_num_threads(1)
     run = STACKS[spec["stack"]]
     t0 = time.monotonic()
