@@ -881,6 +881,8 @@ class Daemon:
             if now - at <= LATE_AFTER_END_S:
                 break
             del self._forgotten_ended[job]
+        if not self._forgotten_ended:  # the usual case: no pass over the request's records
+            return
         for job in {r.job for r in kept if r.type == "window" and r.job in self._forgotten_ended}:
             self._hear_end(job, now)
 
