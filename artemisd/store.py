@@ -327,6 +327,10 @@ class WindowPage(NamedTuple):
     oldest: int | None
 
 
+# A job's stored window rows (body, items, skipped), in stored order: ``window_bodies`` decodes them.
+JOB_WINDOW_ROWS = "SELECT body, items, skipped FROM records WHERE job = ? AND window IS NOT NULL ORDER BY seq"
+
+
 def window_bodies(rows: Iterable[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
     """Rows (body, items, skipped) -> every record they hold, decoded, skipped items left out."""
     out: list[dict[str, Any]] = []
@@ -729,8 +733,7 @@ class Store:
         return list(cur)
 
     def window_records(self, job: str) -> list[dict[str, Any]]:
-        return window_bodies(self.db.execute("SELECT body, items, skipped FROM records "
-                                             "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
+        return window_bodies(self.db.execute(JOB_WINDOW_ROWS, (job,)))
 
     def recent_window_records(self, job: str, at_most: int, before: int | None = None) -> WindowPage:
         """``job``'s newest stored window reports below row ``before``, whole rows up to ``at_most``

@@ -58,6 +58,11 @@ VERIFY_TIMEOUT_S = 300.0
 SUBJECT_FIELDS = ("id", "kind", "state", "cause", "rank", "node", "link", "loss_pct", "measured_loss_pct")
 
 
+def brief(incident: dict[str, Any]) -> dict[str, Any]:
+    """What a trial reports of an incident: its subject, cause and loss."""
+    return {k: incident.get(k) for k in SUBJECT_FIELDS}
+
+
 def _named(incident: dict[str, Any]) -> bool:
     """A confirmed incident that names a cause for a rank, node or link."""
     return (incident.get("confirmed_window") is not None and incident["state"] != "dismissed"
@@ -104,7 +109,7 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, kind: 
             with fault:
                 try:
                     first = job.wait_incident(_named, "an incident naming a cause", timeout_s=name_within)
-                    out["named"] = {k: first.get(k) for k in SUBJECT_FIELDS} | {
+                    out["named"] = brief(first) | {
                         "after_s": round(time.monotonic() - began, 1), "right_node": _on(first, node)}
                 except ClusterError:
                     out["named"] = None
@@ -121,7 +126,7 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, kind: 
                     out["requeued_without_node"] = node in job.info().get("ExcNodeList", "")
             out["neighbour_phases"] = len(load.phases)
         incidents = [i for i in daemon.incidents(everything=True) if i.get("job") == job.job_id]
-        out["named_elsewhere"] = [{k: i.get(k) for k in SUBJECT_FIELDS} for i in incidents
+        out["named_elsewhere"] = [brief(i) for i in incidents
                                   if _named(i) and not _on(i, node) and i.get("rank") != FAULTY_RANK]
         out["incidents"] = len(incidents)
         out["drained"] = cluster.drain_reasons()

@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.held_out import SUBJECT_FIELDS, end_trial, report  # noqa: E402
+from benchmarks.held_out import brief, end_trial, report  # noqa: E402
 from tests.cluster import faults  # noqa: E402
 from tests.cluster.artemis import ArtemisDaemon, Mailbox  # noqa: E402
 from tests.cluster.healthy import NoisyNeighbour  # noqa: E402
@@ -72,10 +72,6 @@ def _named(incident: dict[str, Any]) -> bool:
 
 def _on_slowed(incident: dict[str, Any], node: str) -> bool:
     return incident.get("rank") == SLOW_RANK or incident.get("node") == node
-
-
-def _brief(incident: dict[str, Any]) -> dict[str, Any]:
-    return {k: incident.get(k) for k in SUBJECT_FIELDS}
 
 
 def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, stack: str, args: argparse.Namespace,
@@ -112,7 +108,7 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, stack:
             out["control"] = {"incidents": len(control),
                               "by_kind": {kind: sum(i["kind"] == kind for i in control)
                                           for kind in sorted({i["kind"] for i in control})},
-                              "confirmed": [_brief(i) for i in control if i.get("confirmed_window") is not None]}
+                              "confirmed": [brief(i) for i in control if i.get("confirmed_window") is not None]}
             node = job.rank_node(SLOW_RANK)
             healthy_step = statistics.median(r["ms"]["step"] for r in daemon.window_records(job.job_id)[-30:])
             out["healthy_step_ms"] = round(healthy_step, 1)
@@ -125,7 +121,7 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, stack:
             try:
                 first = job.wait_incident(_named, "an incident naming a rank, node or link",
                                           timeout_s=args.name_within_s)
-                out["named"] = _brief(first) | {"after_s": round(time.monotonic() - slowed, 1),
+                out["named"] = brief(first) | {"after_s": round(time.monotonic() - slowed, 1),
                                                 "right": _on_slowed(first, node)}
             except ClusterError:
                 out["named"] = None
@@ -137,7 +133,7 @@ def trial(cluster: SlurmCluster, daemon: ArtemisDaemon, mailbox: Mailbox, stack:
                 trace.write_text("".join(json.dumps(r) + "\n" for r in daemon.window_records(job.job_id)))
                 out["trace"] = str(trace)
         after = incidents()
-        out["named_elsewhere"] = [_brief(i) for i in after if _named(i) and not _on_slowed(i, node)]
+        out["named_elsewhere"] = [brief(i) for i in after if _named(i) and not _on_slowed(i, node)]
         out["incidents"] = len(after)
         out["drained"] = cluster.drain_reasons()
         out["mails"] = mailbox.subjects()[mails_before:]

@@ -18,12 +18,13 @@ import textwrap
 import threading
 import urllib.request
 from collections.abc import Callable
+from contextlib import closing
 from email import message_from_bytes
 from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from artemisd.store import RECORD_COUNT, window_bodies
+from artemisd.store import JOB_WINDOW_ROWS, RECORD_COUNT, window_bodies
 
 from .procs import ClusterError, Daemon, spawn, tail, wait_until
 from .slurm import SlurmCluster, free_port
@@ -128,30 +129,24 @@ class ArtemisDaemon:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as reply:
             return json.loads(reply.read())
 
+    def state_db(self) -> sqlite3.Connection:
+        """The daemon's SQLite state, opened read-only (the caller closes it)."""
+        return sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
+
     def records_of(self, job: str) -> int:
         """How many reports of ``job`` the daemon stored (read from its SQLite state, read-only)."""
-        db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
-        try:
+        with closing(self.state_db()) as db:
             return int(db.execute(f"SELECT {RECORD_COUNT} FROM records WHERE job = ?", (job,)).fetchone()[0])
-        finally:
-            db.close()
 
     def window_records(self, job: str) -> list[dict[str, Any]]:
         """``job``'s stored window reports in stored order: a trace ``artemis replay`` reads."""
-        db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
-        try:
-            return window_bodies(db.execute("SELECT body, items, skipped FROM records "
-                                            "WHERE job = ? AND window IS NOT NULL ORDER BY seq", (job,)))
-        finally:
-            db.close()
+        with closing(self.state_db()) as db:
+            return window_bodies(db.execute(JOB_WINDOW_ROWS, (job,)))
 
     def node_evidence(self, node: str) -> tuple[float, dict[str, Any]] | None:
         """(received, body) of the latest root-side node event the daemon keeps for ``node``."""
-        db = sqlite3.connect(f"file:{self.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
-        try:
+        with closing(self.state_db()) as db:
             row = db.execute("SELECT received, body FROM node_evidence WHERE node = ?", (node,)).fetchone()
-        finally:
-            db.close()
         return (row[0], json.loads(row[1])) if row else None
 
     def wait_node_check(self, node: str, shows: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 
 import pytest
 
@@ -102,11 +101,8 @@ USER_REPORTS_NAMING_NODE = (
 
 def state(daemon: ArtemisDaemon, sql: str, *args: str) -> int:
     """One number from the daemon's SQLite state, read-only."""
-    db = sqlite3.connect(f"file:{daemon.dir / 'state' / 'artemis.db'}?mode=ro", uri=True, timeout=10)
-    try:
+    with closing(daemon.state_db()) as db:
         return int(db.execute(sql, args).fetchone()[0])
-    finally:
-        db.close()
 
 
 def runs_hot(event: dict) -> bool:
