@@ -79,8 +79,12 @@ def test_gpu_thermal_node_is_drained_and_job_requeued_without_it(
         # fast ranks' busy time), so a loaded box neither fails nor flatters the fix.
         assert done["state"] == "resolved" and result["recovered"] is True, \
             artemisd.explain(done["id"])
-        assert result["throughput_after"] >= DaemonSettings().recovery_fraction * (
-            result["throughput_expected"] or result["throughput_healthy"])
+        # The verdict's own rule (docs/incidents.md, "How verification judges"): at the bar, or short
+        # of it by less than the windows' scatter can tell after 4 x VerifyWindows, which the result
+        # then says (recovered_within_noise); either way well above the slowed throughput.
+        bar = DaemonSettings().recovery_fraction * (result["throughput_expected"] or result["throughput_healthy"])
+        assert result["throughput_after"] >= bar or result["recovered_within_noise"] is True, done
+        assert result["throughput_after"] > result["throughput_before"], done
         for pct in (done["loss_pct"], done["measured_loss_pct"]):
             assert pct is None or 0.0 <= pct <= 100.0
     assert slurm_cluster.wait_job(quiet.job_id, timeout_s=120) == "COMPLETED"
