@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from artemisd.control import actions
 from artemisd.wire import DEFAULT_MAX_WORLD
 
 MAX_INCLUDE_DEPTH = 8
@@ -263,10 +264,9 @@ HostPort = Annotated[str, BeforeValidator(_host_port)]
 NameList = Annotated[tuple[str, ...], BeforeValidator(_split_list)]
 UidList = Annotated[tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_split_list)]
 
-# Actions the daemon can take (incident contract ActionKind, less the
-# bookkeeping values); policy lists name them.
-POLICY_ACTIONS = ("rebalance", "correct", "drain", "requeue", "constrain", "escalate")
-PolicyAction = Literal["rebalance", "correct", "drain", "requeue", "constrain", "escalate"]
+# The rungs a site policy names (``Auto=``, ``Approve=``): from the action table.
+POLICY_ACTIONS = actions.RUNGS
+PolicyAction = Literal[POLICY_ACTIONS]  # type: ignore[valid-type]
 ActionList = Annotated[tuple[PolicyAction, ...], BeforeValidator(_split_list)]
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from artemisd import policy
+from artemisd.control import actions
 from artemisd.config import Config, PartitionPolicy
 from artemisd.incident import TRANSITIONS, Action, Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.remedy import propose
@@ -34,10 +35,6 @@ from artemisd.slurm.api import REASON_PREFIX, NodeInfo
 
 S = IncidentState
 
-# One table of what each action kind can undo (the incident's ``action.reversible``,
-# and what verification rolls back when throughput did not come back).
-REVERSIBLE: dict[str, bool] = {"rebalance": True, "correct": False, "drain": True, "requeue": False,
-                               "constrain": False, "escalate": False, "undrain": False, "notify": False}
 MAX_REASON = 240  # a drain reason longer than this is cut: sinfo -R shows the start
 
 # Evidence that only restates the slowdown itself; anything else is a signal that deviates.
@@ -94,7 +91,7 @@ class Step:
 
     @property
     def reversible(self) -> bool:
-        return REVERSIBLE.get(self.kind, False)
+        return actions.reversible(self.kind)
 
     def contract_status(self) -> str:
         """The incident contract's ``action.status`` for a rung that was only planned."""
@@ -111,11 +108,13 @@ class Step:
 
 @dataclass(frozen=True)
 class Note:
-    """One audit line: who decided what, and why."""
+    """One audit line: who decided what, and why (``result``: what came of it; ``action``: the row)."""
 
     who: str
     what: str
     why: str = ""
+    result: str = ""
+    action: int | None = None
 
 
 @dataclass(frozen=True)
@@ -319,7 +318,7 @@ def judge(kind: str, inc: Incident, config: Config, pol: PartitionPolicy, facts:
     if not d.enabled and kind != "escalate":
         return Step(kind, target, "recommend", "Enabled=no: the kill switch is on")
     corroboration = (True, "")
-    if kind in policy.HARD_ACTIONS:
+    if kind in actions.HARD:
         ev = facts.node_evidence
         corroboration = policy.corroborated(
             inc, ev[1] if ev else None, policy.evidence_age(ev[0], ev[1], facts.now) if ev else None,
@@ -358,7 +357,7 @@ def corroboration_due(inc: Incident, config: Config, pol: PartitionPolicy, facts
     after its fault, 2 s before the node check looked, was escalated instead of
     drained).  Only for a rung the policy would run or ask approval for.
     """
-    if kind not in policy.HARD_ACTIONS or facts.opened_at is None or inc.node is None:
+    if kind not in actions.HARD or facts.opened_at is None or inc.node is None:
         return None
     if policy.mode_of(pol, kind) == "recommend" or not config.daemon.enabled:
         return None  # the rung will not run whatever the check says: nothing to wait for
@@ -518,8 +517,6 @@ def after_requeue(inc: Incident, pol: PartitionPolicy) -> FollowUp:
 # --- when the job ends -------------------------------------------------------------------------------
 
 
-# Undoing a drain and telling people do not depend on the job: they still run after it ended.
-STILL_DUE_AFTER_THE_JOB = frozenset({"undrain", "notify"})
 
 
 @dataclass(frozen=True)
@@ -542,10 +539,10 @@ def told_a_person(kind: str, status: str, params: Mapping[str, Any]) -> bool:
     return kind == "escalate" and (status == "done" or bool(params.get("comment_done") or params.get("mail_done")))
 
 
-def after_job_end(state: IncidentState, actions: Iterable[tuple[int, str, str, Mapping[str, Any]]]
+def after_job_end(state: IncidentState, rows: Iterable[tuple[int, str, str, Mapping[str, Any]]]
                   ) -> JobEnd | None:
     """An incident of a job that ended: its end state, whether to tell a person, what is withdrawn.
-    None where it is closed already.  ``actions``: its (id, kind, status, params).
+    None where it is closed already.  ``rows``: its actions' (id, kind, status, params).
 
     Never ``resolved``: nothing showed the fault gone, only the job stopped
     running on it.  A suspect was never confirmed: ``dismissed``.  Anything
@@ -555,15 +552,15 @@ def after_job_end(state: IncidentState, actions: Iterable[tuple[int, str, str, M
     """
     if not TRANSITIONS[state]:
         return None
-    actions = list(actions)
+    rows = list(rows)
     # An escalation waiting to be retried (its AdminComment or mail failed, status running) has told
     # nobody yet: it is withdrawn like a queued one, else it pages a person about a closed incident
     # after the job ended (seen on the test cluster: "Job has already finished", retried 5 s later).
-    withdrawn = tuple(action_id for action_id, kind, status, params in actions
+    withdrawn = tuple(action_id for action_id, kind, status, params in rows
                       if status == "pending_approval"
-                      or (status == "queued" and kind not in STILL_DUE_AFTER_THE_JOB)
+                      or (status == "queued" and kind not in actions.STILL_DUE_AFTER_THE_JOB)
                       or (status == "running" and kind == "escalate" and not told_a_person(kind, status, params)))
     if state is S.SUSPECT:
         return JobEnd(S.DISMISSED, tell=False, withdrawn=withdrawn)
-    told = any(told_a_person(kind, status, params) for _, kind, status, params in actions)
+    told = any(told_a_person(kind, status, params) for _, kind, status, params in rows)
     return JobEnd(S.UNRESOLVED, tell=told, withdrawn=withdrawn)

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from artemisd.config import PartitionPolicy
+from artemisd.control import actions
 from artemisd.incident import Cause, Incident
 from artemisd.slurm.api import NodeInfo
 from artemisd.thresholds import (CLOCK_DROP, CLOCK_REASONS, LOAD_UTIL_PCT, POWER_LIMIT_DROP, POWER_REASONS,
                                  RETRANSMITS_PER_S, THERMAL_REASONS)
 
 Mode = Literal["auto", "approve", "recommend"]
-HARD_ACTIONS = frozenset({"drain", "requeue"})
 
 LADDERS: dict[str, tuple[str, ...]] = {
     "correct": ("correct", "drain", "escalate"),
@@ -102,7 +102,7 @@ def decide(
         return Decision(kind, "auto", "escalation is always allowed")
     if mode == "recommend":
         return Decision(kind, mode, f"{kind} is not allowed by PartitionPolicy={policy.name}")
-    if kind in HARD_ACTIONS and not corroboration[0]:
+    if kind in actions.HARD and not corroboration[0]:
         return Decision(kind, "recommend", f"{kind} needs root-side corroboration: {corroboration[1]}")
     if kind == "drain" and not budget[0]:
         return Decision(kind, "recommend", budget[1])
@@ -123,8 +123,6 @@ class DrainRecord:
 
 
 HOUR_S = 3600.0
-_IN_FLIGHT = frozenset({"queued", "running"})
-_PERFORMED = frozenset({"done", "rolled_back"})
 
 
 @dataclass(frozen=True)
@@ -152,11 +150,11 @@ def budget_use(nodes: tuple[NodeInfo, ...], drains: list[DrainRecord], now: floa
     ``exclude`` is the drain being approved (it is the "one more").
     """
     names = {n.name for n in nodes}
-    open_ = _IN_FLIGHT | ({"pending_approval"} if waiting else set())
+    open_ = actions.OPEN if waiting else actions.IN_FLIGHT
     mine = [d for d in drains if d.node in names and d.id != exclude]
     # Slurm is the truth for what is drained: a node a person resumed frees its share at once.
     held = {n.name for n in nodes if n.drained_by_artemis} | {d.node for d in mine if d.status in open_}
-    hour = sum(1 for d in mine if d.status in open_ or (d.status in _PERFORMED and now - d.at < HOUR_S))
+    hour = sum(1 for d in mine if d.status in open_ or (d.status in actions.PERFORMED and now - d.at < HOUR_S))
     return BudgetUse(len(nodes), len(held), hour)
 
 

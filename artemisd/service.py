@@ -36,11 +36,12 @@ from typing import Any
 import structlog
 
 from artemisd import __version__, decide, ingest, mail, policy, verify
+from artemisd.control import actions, reconcile
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
 from artemisd.jobs import OWN, JobLookups
-from artemisd.incident import Action, EndedWithJob, Evidence, Incident, IncidentKind, IncidentState, Result
+from artemisd.incident import Incident, IncidentKind, IncidentState
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
 from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer, ProbeRequest
@@ -95,11 +96,6 @@ REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this 
 log = structlog.get_logger("artemisd")
 
 
-def _rounded(value: float | None) -> float | None:
-    return round(value, 3) if value is not None else None
-
-
-
 def _closed(stored: StoredIncident) -> bool:
     """Nothing more is decided or done about it: resolved, dismissed, or ended with its job (whose
     ``unresolved`` the life cycle would otherwise let act again)."""
@@ -110,26 +106,6 @@ def _told_at_job_end(stored: StoredIncident) -> bool:
     return bool((stored.body.get("ended_with_job") or {}).get("person_told"))
 
 
-def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
-    return (inc.kind.value, inc.cause.value, inc.node, inc.link)
-
-
-def _loss_as_the_result_shows(inc: Incident) -> None:
-    """Once the slowed throughput is frozen in the result, the incident's measured loss is the one
-    of those two numbers, and the loss evidence line says so: one incident never shows two losses.
-
-    The analysis measured the loss from the onset to the confirming window; the
-    result's slowed throughput spans the onset to the action, a few windows more.
-    """
-    result = inc.result
-    if result is None or result.throughput_before is None or not result.throughput_healthy:
-        return
-    inc.measured_loss_pct = verify.measured_loss(result.throughput_healthy, result.throughput_before)
-    line = verify.loss_evidence(inc.loss_pct, result.throughput_healthy, result.throughput_before)
-    evidence = [e for e in inc.evidence if e.signal != "samples_per_s"]
-    inc.evidence = evidence + ([Evidence(**line)] if line else [])
-
-
 class Daemon:
     def __init__(self, config: Config, slurm: SlurmBackend, clock: Callable[[], float] = time.time):
         self.config = config
@@ -138,15 +114,14 @@ class Daemon:
         self.clock = clock
         self.metrics = Metrics()
         self.store: StateStore = open_store(config.daemon)
+        self.ledger = Ledger(self.store)
         # Leadership (artemisd/lease.py).  An instance is its host and listen
         # address: two live processes cannot both listen there, and a daemon
         # restarted after kill -9 renews its own lease instead of waiting it out.
         self.instance = f"{socket.gethostname()}:{config.daemon.listen}"
         self.lease: Lease | None = None
-        self._fence: int | None = None  # the lease token while this instance leads
         self._store_down = False  # the last lease request met an unreachable database (logged once)
         self.started = time.time()
-        self.ledger = Ledger(self.store)
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
         self.jobs = JobLookups(slurm.job, config.daemon.slurm_read_workers,
@@ -954,61 +929,20 @@ class Daemon:
                 if inc.subject == subject_of(update) and not _closed(inc) and inc.id not in bound:
                     stored = inc
                     break
+        new = stored is None
         if stored is None:
             stored = self.ledger.open(update, self._steps.get(update.job, "0"), now)
         self._bound[update.id] = stored.id
-        inc = Incident.model_validate(stored.body)
-        told = _diagnosis(inc)
-        seen_before = len(inc.recurrences)
-        analysis = update.model_dump(exclude={"id", "state", "action", "result"})
-        for key, value in analysis.items():
-            setattr(inc, key, value)
-        if len(inc.recurrences) > seen_before and update.state is S.CONFIRMED:
-            self._recurred(stored, inc, now)
-        if _diagnosis(inc) != told and inc.state in (S.ESCALATED, S.UNRESOLVED) and not any(
-                r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
-            # A person was told one thing and the analysis now says another (the
-            # matched probes named the link): decide again from the new cause's
-            # ladder; its escalation, if it comes to that, is the follow-up.
-            stored.decide, stored.plan_step = True, 0
-            self._audit(inc.id, "analyzer", "diagnosis changed", f"was {told[1]} {told[0]}; now "
-                        f"{inc.cause.value} {self._where(inc)}", now=now)
-        if inc.state in (S.SUSPECT,) and update.state is not inc.state:
-            inc.advance(update.state)
-        if inc.action is None or (inc.action.status == "proposed" and stored.plan_step == 0):
-            inc.action = update.action
-        _loss_as_the_result_shows(inc)  # the analysis' own figure spans only the windows up to confirmation
-        if inc.state is S.CONFIRMED and stored.state == S.SUSPECT.value:
-            stored.decide = True
-            stored.baseline = verify.baseline(self.analyzer.throughput(inc.job, stored.step or "0"),
-                                              inc.onset_window)
-            self._audit(inc.id, "analyzer", "confirmed", f"{inc.cause.value} confidence {inc.confidence}",
-                        json.dumps([e.model_dump() for e in inc.evidence])[:2000], now=now)
-        self._save(stored, inc)
+        was = S.SUSPECT if new else IncidentState(stored.state)
+        change = reconcile.on_analysis(Incident.model_validate(stored.body), update, was, stored.plan_step,
+                                       self.store.actions_of(stored.id), _closed(stored))
+        if change.confirmed:
+            stored.baseline = verify.baseline(self.analyzer.throughput(update.job, stored.step or "0"),
+                                              update.onset_window)
+        self.apply(stored, change, now)
 
-    def _recurred(self, stored: StoredIncident, inc: Incident, now: float) -> None:
-        """The subject recovered and was confirmed slow again: the same incident, one more recurrence.
-
-        A resolved incident is reopened and decided again from the start of its
-        ladder (``decide.plan`` sends it to a person once ``RecurEscalate``
-        recurrences say the fix does not hold).  One still open records it; if
-        it waits for a person or a next rung, it is decided again.
-        """
-        latest = inc.recurrences[-1]
-        why = (f"recurrence {len(inc.recurrences)}: slow again from window {latest.onset_window}, confirmed at "
-               f"{latest.confirmed_window}" + (f", {latest.ratio:.2f}x" if latest.ratio is not None else ""))
-        self._held.discard(stored.id)
-        self._not_back.discard(stored.id)
-        if inc.state is S.RESOLVED:
-            self.ledger.reopen(stored, inc, why, now)
-            return
-        self._audit(inc.id, "analyzer", "recurred", why, now=now)
-        if inc.state in (S.CONFIRMED, S.ESCALATED, S.UNRESOLVED) and not _closed(stored) and not any(
-                r.status in ("queued", "running", "pending_approval") for r in self.store.actions_of(stored.id)):
-            stored.decide = True
-
-    def _save(self, stored: StoredIncident, inc: Incident) -> None:
-        self.ledger.save(stored, inc)
+    def _save(self, stored: StoredIncident, inc: Incident, reopening: bool = False) -> None:
+        self.ledger.save(stored, inc, reopening)
 
     def _audit(self, incident: str | None, who: str, what: str, why: str = "", result: str = "",
                action: int | None = None, now: float | None = None) -> None:
@@ -1086,6 +1020,15 @@ class Daemon:
         return None
 
     # --- the loop -------------------------------------------------------------------
+
+    @property
+    def _fence(self) -> int | None:
+        """The lease token while this instance leads (None: a standby): every ledger write carries it."""
+        return self.ledger.fence
+
+    @_fence.setter
+    def _fence(self, token: int | None) -> None:
+        self.ledger.fence = token
 
     @property
     def role(self) -> str:
@@ -1287,34 +1230,9 @@ class Daemon:
         What the store says is all there is to it, so a restart neither closes nor mails twice."""
         job_state = info.state if info is not None else None
         for stored in self.store.incidents(job=job):
-            if _closed(stored):
-                continue
-            inc = Incident.model_validate(stored.body)
-            rows = self.store.actions_of(stored.id)
-            end = decide.after_job_end(inc.state, [(r.id, r.kind, r.status, r.params) for r in rows])
-            if end is None:
-                continue
-            withdrawn = [r for r in rows if r.id in end.withdrawn]
-            for row in withdrawn:
-                waited = "was approved" if row.status == "pending_approval" else "ran"
-                self.store.update_action(row.id, "skipped", f"the job ended before it {waited}", fence=self._fence)
-            if inc.action is not None and any((r.kind, r.target) == (inc.action.kind, inc.action.target)
-                                              for r in withdrawn):
-                inc.action.status = "skipped"
-            before = inc.state
-            if end.tell:
-                self._job_end_notice(inc, before, job_state, rows, withdrawn, now)
-            if end.state is not before:
-                inc.advance(end.state)
-            inc.ended_with_job = EndedWithJob(at=now, state_before=before, job_state=job_state,
-                                              person_told=end.tell)
-            stored.decide = False
-            self._save(stored, inc)
-            self._audit(inc.id, "daemon", f"ended with its job: {end.state.value}",
-                        f"Slurm says job {job} {'is ' + job_state if job_state else 'is no longer known'}; "
-                        f"the incident was {before.value}",
-                        "the person paged about it is mailed" if end.tell else "nobody was paged about it",
-                        now=now)
+            if not _closed(stored):
+                self.apply(stored, reconcile.on_job_end(Incident.model_validate(stored.body),
+                                                        self.store.actions_of(stored.id), job, job_state, now), now)
 
     def _release_history(self, job: str, quiet_s: float) -> None:
         """An ended job whose incidents stayed open (held, escalated, unresolved: waiting for a
@@ -1354,35 +1272,8 @@ class Daemon:
         facts = self._facts(stored, inc, partition, nodes, now, info)
         step = split_run(stored.step or "0")[0]
         plan = decide.plan(inc, stored.plan_step, self.config, facts, step)
-        if plan.wait is not None:
-            if plan.notes and stored.id not in self._held:
-                self._held.add(stored.id)
-                for note in plan.notes:
-                    self._audit(inc.id, note.who, note.what, note.why, now=now)
-            return
-        for note in plan.notes:
-            self._audit(inc.id, note.who, note.what, note.why, now=now)
-        stored.plan_step = plan.plan_step
-        stored.decide = False
-        action = plan.action
-        if plan.dry_run:
-            if action is not None:
-                inc.action = Action(kind=action.kind, target=action.target, status="proposed",
-                                    reversible=action.reversible)
-            self._save(stored, inc)
-            return
-        if action is not None:
-            status = "queued" if action.mode == "auto" else "pending_approval"
-            self.store.add_action(inc.id, action.kind, action.target, action.params, status, now, fence=self._fence)
-            inc.action = Action(kind=action.kind, target=action.target, reversible=action.reversible,
-                                status="running" if status == "queued" else "pending_approval")
-        elif plan.escalate is not None:
-            inc.action = Action(kind="escalate", target=inc.job, status="running")
-        if plan.state is not None:
-            inc.advance(plan.state)
-        self._save(stored, inc)
-        if plan.escalate is not None:
-            self._queue_escalate(stored, inc, plan.escalate, list(plan.recommended), now)
+        self.apply(stored, reconcile.on_plan(inc, plan, self.store.actions_of(stored.id), stored.id in self._held),
+                    now)
 
     def _facts(self, stored: StoredIncident, inc: Incident, partition: str | None,
                nodes: tuple[NodeInfo, ...], now: float, info: JobInfo | None = None) -> decide.Facts:
@@ -1431,147 +1322,16 @@ class Daemon:
             self.metrics.backend_errors.labels("slurm").inc()
             raise
 
-    # --- escalation ----------------------------------------------------------------------
-
-    def _queue_escalate(self, stored: StoredIncident, inc: Incident, headline: str, recommended: list[str],
-                        now: float) -> int | None:
-        """AdminComment + mail: what is known now, and what the person can do about it.
-
-        A second escalation of the same incident (the diagnosis changed, or the
-        next rung also needs a person) says that it updates the first.
-        """
-        if self.config.daemon.dry_run:
-            self._audit(inc.id, "daemon", "dry-run: would escalate", headline, now=now)
-            return None
-        earlier = [r for r in self.store.actions_of(inc.id) if r.kind == "escalate"]
-        update = "update: " if earlier else ""
-        subject = f"{update}{inc.id} {inc.cause.value} {self._where(inc)}: {headline}"
-        comment = f"artemis: {update}{inc.id} {inc.cause.value} {self._where(inc)}"
-        if inc.ratio:
-            comment += f" {inc.ratio:.2f}x"
-        comment += f": {headline}"
-        lines = [f"Incident {inc.id} on job {inc.job}: {headline}."]
-        if earlier:
-            lines += [f"This updates the earlier message ({earlier[0].params.get('subject', '')}): "
-                      f"what is known has changed."]
-        lines += ["", f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
-                  f"where: {self._where(inc)}",
-                  f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess"]
-        loss = verify.loss_summary(inc.measured_loss_pct, inc.loss_pct)
-        if loss is not None:
-            lines.append(loss)
-        if inc.result is not None:
-            lines.append(inc.result.describe())
-        lines += ["", "evidence:"]
-        lines += [f"  {e.signal}: {e.value} (peers {e.peers}) {e.note}" for e in inc.evidence]
-        lines += ["", "what you can do:"] + [f"  {line}" for line in self._what_a_person_can_do(inc, recommended)]
-        params = {"job": inc.job, "comment": comment, "subject": subject, "text": "\n".join(lines),
-                  "comment_done": False, "mail_done": False}
-        return self.store.add_action(inc.id, "escalate", inc.job, params, "queued", now, fence=self._fence)
-
-    def _what_a_person_can_do(self, inc: Incident, recommended: list[str]) -> list[str]:
-        """Only what exists for this incident: a pending approval, the recommended actions by hand."""
-        out: list[str] = []
-        pending = [r for r in self.store.actions_of(inc.id) if r.status == "pending_approval"]
-        for row in pending:
-            out.append(f"{row.kind} {row.target or ''} awaits your decision: artemis approve {inc.id}  "
-                       f"(or artemis deny {inc.id})")
-        for item in recommended:
-            kind, _, rest = item.partition(" ")
-            target = rest.split(" (", 1)[0].strip() or None
-            out.append(f"recommended, not done automatically: {item}")
-            by_hand = self._by_hand(inc, kind, target)
-            if by_hand:
-                out.append(f"  by hand: {by_hand}")
-        node = inc.node or inc.link
-        if inc.cause.value.startswith(("gpu.", "comm.link")) and node and not recommended:
-            out.append(f"inspect {node}: the evidence above says what it showed")
-        out.append(f"the evidence and every decision: artemis show {inc.id}")
-        return out
-
-    @staticmethod
-    def _by_hand(inc: Incident, kind: str, target: str | None) -> str | None:
-        if kind == "drain" and target:
-            return f"scontrol update NodeName={target} State=DRAIN Reason='{inc.id} {inc.cause.value}'"
-        if kind == "requeue":
-            node = inc.node or inc.link
-            exclude = f"scontrol update JobId={inc.job} ExcNodeList={node}; " if node else ""
-            return f"scontrol requeuehold {inc.job}; {exclude}scontrol release {inc.job}"
-        if kind == "correct" and target:
-            what = "restore the default power limit" if inc.cause.value == "gpu.power" else "reset application clocks"
-            return f"{what} on {target} (nvidia-smi -rac / -pl, or amd-smi reset)"
-        return None
-
-    def _all_clear(self, stored: StoredIncident, inc: Incident, why: str, now: float) -> None:
-        """A person was told about this incident and it resolved: tell them (mail only —
-        AdminComment is for what a person must act on)."""
-        told = [r for r in self.store.actions_of(inc.id) if r.kind == "escalate" and r.status == "done"]
-        if not told or self.config.daemon.dry_run:
-            return
-        lines = [f"Incident {inc.id} on job {inc.job} ({inc.cause.value} {self._where(inc)}) is resolved: {why}."]
-        if inc.result is not None:
-            lines.append(inc.result.describe())
-        lines += ["", f"Nothing is needed from you for it. artemis show {inc.id}"]
-        self._notify(inc, f"resolved: {inc.id} {inc.cause.value} {self._where(inc)}", lines, now)
-
-    def _job_end_notice(self, inc: Incident, before: IncidentState, job_state: str | None,
-                        rows: list[ActionRow], withdrawn: list[ActionRow], now: float) -> None:
-        """A person was paged about this incident and its job ended before it was resolved: say so
-        once, and what they may still want to do about it (mail only, as an all-clear)."""
-        if any(r.kind == "notify" and r.params.get("job_ended") for r in rows):
-            return  # queued before a restart cut the closing short: it is not sent twice
-        slurm_said = f"Slurm: {job_state}" if job_state else "Slurm no longer knows it"
-        lines = [f"Job {inc.job} ended ({slurm_said}) while incident {inc.id} ({inc.cause.value} "
-                 f"{self._where(inc)}) was {before.value}. It is closed as unresolved: nothing showed the "
-                 f"slowdown gone, and nothing more will be done about it automatically."]
-        if inc.result is not None:
-            lines.append(inc.result.describe())
-        lines += ["", "what you may still want to do:"]
-        for row in withdrawn:
-            if row.status == "pending_approval":
-                lines.append(f"  {row.kind} {row.target or ''} waited for your approval and was not done; "
-                             f"there is nothing to approve any more")
-        drained = {r.target for r in rows if r.kind == "drain" and r.status == "done" and r.target}
-        for node in sorted(drained):
-            lines.append(f"  {node} stays drained by Artemis: once it is checked, "
-                         f"scontrol update NodeName={node} State=RESUME")
-        node = inc.node or inc.link
-        if node and node not in drained:
-            lines.append(f"  {node} was not drained and may still be at fault: the next job on it may meet it")
-            by_hand = self._by_hand(inc, "drain", node)
-            if by_hand:
-                lines.append(f"    by hand: {by_hand}")
-        lines.append(f"  the evidence and every decision: artemis show {inc.id} (its plot, --plot, for "
-                     f"EndedJobHistory after the job's last report)")
-        self._notify(inc, f"ended with its job: {inc.id} {inc.cause.value} {self._where(inc)}", lines, now,
-                     job_ended=True)
-
-    def _notify(self, inc: Incident, subject: str, lines: list[str], now: float, **marks: Any) -> None:
-        params = {"job": inc.job, "comment": "", "subject": subject, "text": "\n".join(lines),
-                  "comment_done": True, "mail_done": False, **marks}
-        self.store.add_action(inc.id, "notify", inc.job, params, "queued", now, fence=self._fence)
-
-    @staticmethod
-    def _where(inc: Incident) -> str:
-        parts = []
-        if inc.rank is not None:
-            parts.append(f"rank {inc.rank}")
-        if inc.node:
-            parts.append(f"node {inc.node}")
-        if inc.link:
-            parts.append(f"link {inc.link}")
-        return " ".join(parts) or f"job {inc.job}"
-
     # --- actions ------------------------------------------------------------------------------
 
     async def _run_action(self, row: ActionRow) -> None:
         stored = self.store.incident(row.incident)
         if stored is None:
-            self.store.update_action(row.id, "failed", "incident vanished", fence=self._fence)
+            self.ledger.update_action(row.id, "failed", "incident vanished")
             return
         now = self.clock()
-        if row.kind not in ("escalate", "notify") and not self.config.daemon.enabled:
-            self.store.update_action(row.id, "skipped", "Enabled=no: the kill switch is on", fence=self._fence)
+        if row.kind not in actions.TELL and not self.config.daemon.enabled:
+            self.ledger.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
             self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
             await self._after_action(row, Outcome("skipped", "kill switch"), now)
             return
@@ -1579,7 +1339,7 @@ class Daemon:
             await self._check_correction(row, now)
             return
         # Intent first: a crash after this line re-runs the action through the idempotent path.
-        self.store.update_action(row.id, "running", row.detail, attempt=True, fence=self._fence)
+        self.ledger.update_action(row.id, "running", row.detail, attempt=True)
         try:
             outcome = await self._perform(row, stored, now)
         except (SlurmError, mail.MailError) as err:
@@ -1590,14 +1350,14 @@ class Daemon:
                 outcome = Outcome("failed", str(err))
             else:
                 delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
-                self.store.update_action(row.id, "running", str(err), next_try=now + delay, fence=self._fence)
+                self.ledger.update_action(row.id, "running", str(err), next_try=now + delay)
                 self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
                             f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
                 self.metrics.actions.labels(row.kind, "retry").inc()
                 return
         if outcome.status == "waiting":
             return
-        self.store.update_action(row.id, outcome.status, outcome.detail, fence=self._fence)
+        self.ledger.update_action(row.id, outcome.status, outcome.detail)
         self.metrics.actions.labels(row.kind, outcome.status).inc()
         self._audit(row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}",
                     action=row.id)
@@ -1622,11 +1382,11 @@ class Daemon:
         if row.kind == "correct":
             cid = self.store.next_id("correction", "COR-")
             self.store.add_correction(cid, row.incident, p["node"], p["kind"], p.get("gpu"), now)
-            self.store.set_action_params(row.id, {**p, "correction": cid, "queued_at": now})
+            self.ledger.set_action_params(row.id, {**p, "correction": cid, "queued_at": now})
             self._audit(row.incident, "daemon", f"correction {cid} queued", f"{p['kind']} on {p['node']}",
                         action=row.id)
             return Outcome("waiting", cid)  # the node check reports back (correction_result)
-        if row.kind in ("escalate", "notify"):
+        if row.kind in actions.TELL:
             return await self._escalate(row)
         return Outcome("failed", f"unknown action kind {row.kind}")
 
@@ -1640,19 +1400,19 @@ class Daemon:
             else:
                 details.append("AdminComment not set: Enabled=no")
             p["comment_done"] = True
-            self.store.set_action_params(row.id, p)
+            self.ledger.set_action_params(row.id, p)
         if not p.get("mail_done"):
             sent = await asyncio.to_thread(mail.send, self.config.mail, p["subject"], p["text"],
                                            f"artemis.{row.incident}.{row.id}")
             details.append("mail sent" if sent else "no mail relay/recipients configured")
             p["mail_done"] = True
-            self.store.set_action_params(row.id, p)
+            self.ledger.set_action_params(row.id, p)
         return Outcome("done", "; ".join(details) or "already escalated")
 
     async def _check_correction(self, row: ActionRow, now: float) -> None:
         cid = row.params.get("correction")
         if cid is None:  # crashed between intent and queueing: queue it now
-            self.store.update_action(row.id, "queued", row.detail, fence=self._fence)
+            self.ledger.update_action(row.id, "queued", row.detail)
             return
         queued_at = row.params.get("queued_at", now)
         if now - queued_at > CORRECTION_TIMEOUT_S and (self.store.correction(cid) or {}).get("status") == "pending":
@@ -1670,7 +1430,7 @@ class Daemon:
         for row in self.store.actions_of(cor["incident"]):
             if row.kind == "correct" and row.params.get("correction") == correction_id and row.status == "running":
                 outcome = Outcome("done" if status == "done" else "failed", detail)
-                self.store.update_action(row.id, outcome.status, detail)
+                self.ledger.update_action(row.id, outcome.status, detail)
                 self.metrics.actions.labels("correct", outcome.status).inc()
                 await self._after_action(row, outcome, self.clock())
         return True
@@ -1682,71 +1442,68 @@ class Daemon:
         if stored is None:
             return
         inc = Incident.model_validate(stored.body)
-        if row.kind == "escalate":
-            if inc.action is not None and inc.action.kind == "escalate":
-                inc.action.status = "done" if outcome.status == "done" else "failed"
-                self._save(stored, inc)
-            return
-        if row.kind in ("undrain", "notify"):
-            return
-        if inc.state not in (S.ACTING,):
-            return  # e.g. closed while the action was in flight
-        if outcome.status == "done" and row.kind == "drain":
-            self._follow_drain(stored, inc, info, now)
-            return
-        if outcome.status == "done" and row.kind == "requeue":
-            follow = decide.after_requeue(inc, self._policy_of(inc, info))
-            if follow.kind is not None:
-                self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now, fence=self._fence)
-                return
-        if decide.rung_happened(row.kind, outcome.status):
-            if inc.action is not None:
-                inc.action.status = "done"
-            stored.action_window = self._last_window(inc, stored)
-            self._freeze_slowed(stored, inc)
-            inc.advance(S.VERIFYING)
-            self._save(stored, inc)
-            return
-        # failed or skipped: this rung did not happen; the next one is decided.
-        if inc.action is not None:
-            inc.action.status = "failed" if outcome.status == "failed" else "skipped"
-        inc.advance(S.UNRESOLVED)
-        stored.decide = True
-        self._save(stored, inc)
+        pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
+        # A done drain's requeue is priced on the decision's facts; nothing else after an action reads them.
+        facts = self._facts(stored, inc, info.partition if info else None, (), now, info) \
+            if row.kind == "drain" and outcome.status == "done" else decide.Facts(now=now)
+        action_window = self._last_window(inc, stored)
+        change = reconcile.after_action(inc, row, outcome.status, self.store.actions_of(stored.id), pol, facts,
+                                        self._throughput(stored, inc, action_window))
+        if change.acted:
+            stored.action_window = action_window
+        self.apply(stored, change, now)
 
-    def _follow_drain(self, stored: StoredIncident, inc: Incident, info: JobInfo | None, now: float) -> None:
-        """The node is drained; the running job still sits on it: requeue it elsewhere, or escalate."""
-        # Approving the drain rung approves its requeue too (one decision per rung).
-        approved_rung = any(a.kind == "drain" and a.params.get("approved_by") for a in self.store.actions_of(inc.id))
-        follow = decide.after_drain(inc, self._policy_of(inc, info),
-                                    self._facts(stored, inc, info.partition if info else None, (), now, info),
-                                    approved_rung)
-        if follow.kind is not None:
-            self.store.add_action(inc.id, follow.kind, inc.job, follow.params, "queued", now, fence=self._fence)
-            return
-        if inc.action is not None:
-            inc.action.status = "done"
-        inc.advance(S.ESCALATED)
-        self._save(stored, inc)
-        self._queue_escalate(stored, inc, follow.escalate or "needs a person", [], now)
-
-    def _policy_of(self, inc: Incident, info: JobInfo | None):
-        return self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
-
-    def _freeze_slowed(self, stored: StoredIncident, inc: Incident) -> None:
-        """Record the healthy and the slowed throughput once, from the run the fault was seen in.
-
-        After a requeue the job's windows are another run's: the slowed
-        throughput must come from the first run, so it is taken when the action
-        completes (or when the job restarts, if that is seen first), never
-        recomputed later.
-        """
-        if inc.result is not None and inc.result.throughput_before is not None:
-            return
+    def _throughput(self, stored: StoredIncident, inc: Incident, action_window: int | None = None
+                    ) -> reconcile.Throughput:
+        """The healthy throughput and the slowed one, from the onset to the action, of the run the fault
+        was seen in (``reconcile.slowed_result`` freezes them once)."""
         series = self.analyzer.throughput(inc.job, stored.step or "0")
-        slowed = verify.during(series, inc.onset_window, stored.action_window)
-        inc.result = Result(throughput_healthy=_rounded(stored.baseline), throughput_before=_rounded(slowed))
-        _loss_as_the_result_shows(inc)
+        window = action_window if action_window is not None else stored.action_window
+        return stored.baseline, verify.during(series, inc.onset_window, window)
+
+    def apply(self, stored: StoredIncident, change: reconcile.Change, now: float) -> None:
+        """Carry a ``reconcile.Change`` out: the action rows, messages to people and audit lines first,
+        then the incident that refers to them.  Intent first: a crash between the two decides or closes
+        the incident again after the restart, which may say a thing twice (an escalation's "update:", a
+        job-end notice finds its own and is not queued again) but never loses one."""
+        inc = change.incident
+        if change.decide is not None:
+            stored.decide = change.decide
+        if change.plan_step is not None:
+            stored.plan_step = change.plan_step
+        for marks, mark in ((self._held, change.held), (self._not_back, change.not_back)):
+            if mark:
+                marks.add(stored.id)
+            elif mark is False:
+                marks.discard(stored.id)
+        if change.reopened:
+            stored.action_window = None
+        for effect in change.effects:
+            if isinstance(effect, reconcile.Note):
+                self._audit(inc.id, effect.who, effect.what, effect.why, effect.result, action=effect.action,
+                            now=now)
+            elif isinstance(effect, reconcile.Queue):
+                self.ledger.add_action(inc.id, effect.kind, effect.target, dict(effect.params), effect.status, now)
+            elif isinstance(effect, reconcile.Move):
+                self.ledger.update_action(effect.action_id, effect.status, effect.detail)
+            elif isinstance(effect, reconcile.Approved):
+                row = self.store.action(effect.action_id)
+                if row is not None:
+                    self.ledger.set_action_params(row.id, {**row.params, "approved_by": effect.who,
+                                                           "approved_at": effect.at})
+            elif isinstance(effect, reconcile.ResetShares):
+                directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
+                             "job": effect.job, "step": effect.step, "shares": {}}
+                self._add_directive(directive["id"], "rebalance", effect.job, effect.step, inc.id, directive, now,
+                                    None)
+                self.ledger.update_action(effect.action_id, "rolled_back", f"reset by {directive['id']}")
+                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", effect.why, now=now)
+            elif effect.kind == "escalate" and self.config.daemon.dry_run:
+                self._audit(inc.id, "daemon", "dry-run: would escalate", effect.headline, now=now)
+            else:
+                self.ledger.add_action(inc.id, effect.kind, inc.job, effect.message.params(inc.job), "queued", now)
+        if change.saved:
+            self._save(stored, inc, change.reopened)
 
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
         """The newest window the job had begun before the action was done: verification starts after it.
@@ -1765,29 +1522,14 @@ class Daemon:
     def _verify(self, stored: StoredIncident, now: float) -> None:
         """Gather the windows and the nodes' evidence, let ``verify.verdict`` judge, apply it."""
         inc = Incident.model_validate(stored.body)
-        done = [(row.id, row.kind, row.target) for row in self.store.actions_of(inc.id) if row.status == "done"]
+        rows = self.store.actions_of(inc.id)
+        done = [(row.id, row.kind, row.target) for row in rows if row.status == "done"]
         still = {target: self._fault_still_shown(inc, target) for _, kind, target in done
                  if kind == "drain" and target}
         verdict = verify.verdict(inc.kind.value, inc.cause.value, self._evidence(stored, inc),
                                  verify.Rules.of(self.config.daemon), now, VERIFY_SILENCE_S, done, still, job=inc.job)
-        if verdict.state is None:
-            return
-        measured = verdict.verification
-        self._freeze_slowed(stored, inc)
-        inc.result = (inc.result or Result()).model_copy(update=measured.result_fields(_rounded))
-        if verdict.state == S.RESOLVED.value:
-            inc.advance(S.RESOLVED)
-            self._audit(inc.id, "verify", "resolved", measured.note, now=now)
-            self._all_clear(stored, inc, measured.note, now)
-        else:
-            inc.advance(S.UNRESOLVED)
-            stored.decide = True
-            self._audit(inc.id, "verify", "unresolved", measured.note, now=now)
-            self._roll_back(inc, verdict.rollbacks, now)
-            if verdict.rolled_back and measured.recovered is False and inc.action is not None \
-                    and inc.action.reversible:
-                inc.action.status = "rolled_back"
-        self._save(stored, inc)
+        self.apply(stored, reconcile.on_verdict(inc, verdict, rows, self._throughput(stored, inc),
+                                                 self.config.daemon.dry_run), now)
 
     def _evidence(self, stored: StoredIncident, inc: Incident) -> verify.Evidence:
         """The windows verification reads: the run the fault was seen in, and the run being judged."""
@@ -1798,28 +1540,6 @@ class Daemon:
                                origin_shapes if current == origin else self.analyzer.window_shapes(inc.job, current),
                                current != origin, inc.onset_window, stored.action_window,
                                self.store.job_last_seen(inc.job))
-
-    def _roll_back(self, inc: Incident, undos: Iterable[verify.Undo], now: float) -> None:
-        """Undo what the verdict says to undo; a drain whose node still shows the fault stays (audited)."""
-        rows = {row.id: row for row in self.store.actions_of(inc.id)}
-        for undo in undos:
-            row = rows.get(undo.action_id)
-            if row is None:
-                continue
-            if not undo.undo:
-                self._audit(inc.id, "daemon", f"drain of {row.target} kept", undo.why, now=now)
-            elif row.kind == "rebalance":
-                directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
-                             "job": row.params["job"], "step": row.params["step"], "shares": {}}
-                self._add_directive(directive["id"], "rebalance", row.params["job"], row.params["step"],
-                                    inc.id, directive, now, None)
-                self.store.update_action(row.id, "rolled_back", f"reset by {directive['id']}", fence=self._fence)
-                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", undo.why, now=now)
-            elif row.kind == "drain":
-                self.store.update_action(row.id, "rolled_back", "undrain queued", fence=self._fence)
-                self.store.add_action(inc.id, "undrain", row.target, {"node": row.target}, "queued", now,
-                                      fence=self._fence)
-                self._audit(inc.id, "daemon", f"drain of {row.target} rolled back", undo.why, now=now)
 
     def _fault_still_shown(self, inc: Incident, node: str | None) -> str | None:
         """What the node's latest root-side evidence still shows of the incident's cause (None: nothing)."""
@@ -1833,48 +1553,23 @@ class Daemon:
                 f"not resumed")
 
     def _close_recovered(self, stored: StoredIncident, now: float) -> None:
-        """The analyzer saw the subject healthy again: close it once the job's throughput agrees.
-
-        Resolved always means recovered: the job's latest ``VerifyWindows``
-        windows are judged as a verification would judge them.  Back: the
-        incident is resolved with that result.  Not back (e.g. an action judged
-        unresolved whose subject is healthy now, yet the job still slow): it
-        stays as it is and is looked at again next turn.  Without a healthy
-        baseline there is nothing to judge against; the subject's recovery
-        closes it (``recovered`` stays null).
-        """
-        if any(r.status in ("queued", "running") and r.kind not in ("escalate", "notify")
-               for r in self.store.actions_of(stored.id)):
+        """The analyzer saw the subject healthy again: close it once the job's throughput agrees
+        (``reconcile.on_recovered``), judged on the job's latest ``VerifyWindows`` windows as a
+        verification would judge them."""
+        rows = self.store.actions_of(stored.id)
+        if any(r.status in actions.IN_FLIGHT and r.kind not in actions.TELL for r in rows):
             return
         inc = Incident.model_validate(stored.body)
-        rules = verify.Rules.of(self.config.daemon)
-        shapes = self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0"))
+        verdict = None
         if stored.baseline is not None:
-            since = verify.latest_since(shapes, rules)
+            rules = verify.Rules.of(self.config.daemon)
+            since = verify.latest_since(self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0")),
+                                        rules)
             if since is None:
                 return
-            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), rules,
-                                     since=since)
-            if not verdict.done or verdict.recovered is False:
-                if verdict.done and stored.id not in self._not_back:
-                    self._not_back.add(stored.id)
-                    self._audit(inc.id, "verify", "subject healthy, job throughput not back",
-                                verdict.note, now=now)
-                return
-            if inc.result is not None or verdict.recovered:
-                self._freeze_slowed(stored, inc)
-                inc.result = (inc.result or Result()).model_copy(update=verdict.result_fields(_rounded))
-            why = f"the subject has been healthy again for RecoverWindows windows; {verdict.note}"
-        else:
-            why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
-        for row in self.store.actions_of(stored.id):
-            if row.status == "pending_approval":
-                self.store.update_action(row.id, "skipped", "subject recovered before approval", fence=self._fence)
-        inc.advance(S.RESOLVED)
-        stored.decide = False
-        self._audit(inc.id, "analyzer", "resolved", why, now=now)
-        self._all_clear(stored, inc, why, now)
-        self._save(stored, inc)
+            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), rules, since=since)
+        self.apply(stored, reconcile.on_recovered(inc, verdict, rows, stored.id in self._not_back,
+                                                   self._throughput(stored, inc), self.config.daemon.dry_run), now)
 
     # --- people ------------------------------------------------------------------------------------
 
@@ -1899,21 +1594,10 @@ class Daemon:
             if stored is None or not any(r.id == row.id and r.status == "pending_approval"
                                          for r in self.store.actions_of(incident_id)):
                 raise ValueError(f"{incident_id} has no action waiting for approval")
-        inc = Incident.model_validate(stored.body)
         now = self.clock()
-        if approve:
-            self.store.set_action_params(row.id, {**row.params, "approved_by": principal.who, "approved_at": now})
-            self.store.update_action(row.id, "queued", f"approved by {principal.who}")
-            inc.action = Action(kind=row.kind, target=row.target, status="running", reversible=decide.REVERSIBLE[row.kind])
-            inc.advance(S.ACTING)
-        else:
-            self.store.update_action(row.id, "denied", f"denied by {principal.who}")
-            inc.action = Action(kind=row.kind, target=row.target, status="denied", reversible=decide.REVERSIBLE[row.kind])
-            stored.decide = True  # next rung
-        self._audit(incident_id, principal.who, f"{'approved' if approve else 'denied'} {row.kind} {row.target}",
-                    now=now, action=row.id)
-        self._save(stored, inc)
-        return inc.contract_dict()
+        change = reconcile.on_approval(Incident.model_validate(stored.body), row, principal.who, approve, now)
+        self.apply(stored, change, now)
+        return change.incident.contract_dict()
 
     async def _approval_budget(self, stored: StoredIncident, row: ActionRow, principal: Principal) -> None:
         try:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
+from artemisd.control import actions
 from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
 
 if TYPE_CHECKING:
@@ -219,10 +220,10 @@ def newer_schema(found: int, where: str) -> SchemaError:
     return SchemaError(f"{where}: the state database is at schema version {found}, newer than this "
                        f"artemisd knows ({SCHEMA_VERSION}); upgrade artemisd or point it at another database")
 
-# Action rows move queued -> running -> done | failed, or wait in
-# pending_approval (-> queued | denied).  ``running`` means "intent recorded,
-# result not yet": after a crash it is re-run through the idempotent path.
-ACTION_OPEN = ("queued", "running")
+# Action rows move through the action table's life cycle (control/actions.py ``NEXT``); an update
+# that does not follow it is not written.  ``running`` means "intent recorded, result not yet":
+# after a crash it is re-run through the idempotent path.
+ACTION_OPEN = tuple(sorted(actions.IN_FLIGHT))
 
 
 @dataclass(frozen=True)
@@ -439,7 +440,7 @@ class StateStore(Protocol):
     def add_action(self, incident: str, kind: str, target: str | None, params: dict[str, Any],
                    status: str, now: float, fence: int | None = None) -> int: ...
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False, fence: int | None = None) -> None: ...
+                      attempt: bool = False, fence: int | None = None) -> bool: ...
     def set_action_params(self, action_id: int, params: dict[str, Any]) -> None: ...
     def due_actions(self, now: float) -> list[ActionRow]: ...
     def clock(self) -> float: ...
@@ -801,13 +802,16 @@ class Store:
             return int(cur.lastrowid)
 
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False, fence: int | None = None) -> None:
+                      attempt: bool = False, fence: int | None = None) -> bool:
+        """Move an action row to ``status``; False (nothing written) where its life cycle does not
+        allow it from the status it is in (another writer got there first)."""
         with self._tx() as db:
             self._check_fence(db, fence)
-            db.execute("UPDATE actions SET status = ?, detail = ?, updated = ?, "
-                       "next_try = COALESCE(?, next_try), attempts = attempts + ?, token = COALESCE(?, token) "
-                       "WHERE id = ?",
-                       (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id))
+            cur = db.execute("UPDATE actions SET status = ?, detail = ?, updated = ?, "
+                             "next_try = COALESCE(?, next_try), attempts = attempts + ?, token = COALESCE(?, token) "
+                             f"WHERE id = ? AND status IN {actions.sql_list(actions.came_from(status))}",
+                             (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id))
+            return cur.rowcount > 0
 
     @staticmethod
     def _check_fence(db: sqlite3.Connection, fence: int | None) -> None:
@@ -881,7 +885,7 @@ class Store:
                        (json.dumps(params), time.time(), action_id))
 
     def due_actions(self, now: float) -> list[ActionRow]:
-        return self._action_rows("WHERE status IN ('queued', 'running') AND next_try <= ? ORDER BY id", (now,))
+        return self._action_rows(f"WHERE status IN {actions.SQL_DUE} AND next_try <= ? ORDER BY id", (now,))
 
     def actions_of(self, incident: str) -> list[ActionRow]:
         return self._action_rows("WHERE incident = ? ORDER BY id", (incident,))
@@ -897,15 +901,15 @@ class Store:
         given hours after the decision drains the node at approval time.
         """
         rows = self.db.execute("SELECT id, target, status, created, params FROM actions WHERE kind = 'drain' AND "
-                               "status IN ('pending_approval', 'queued', 'running', 'done', 'rolled_back') "
-                               "ORDER BY id")
+                               f"status IN {actions.SQL_BUDGETED} ORDER BY id")
         return [(aid, target, status, float(json.loads(params).get("approved_at", created)))
                 for aid, target, status, created, params in rows]
 
     def last_action_on(self, target: str, other_than: str) -> float | None:
-        """When another incident last acted on ``target`` (cooldowns are between incidents)."""
+        """When another incident last acted on ``target`` (cooldowns are between incidents; telling
+        people acts on nothing)."""
         row = self.db.execute("SELECT MAX(created) FROM actions WHERE target = ? AND incident != ? AND "
-                              "kind != 'escalate' AND status NOT IN ('denied', 'skipped', 'proposed')",
+                              f"kind NOT IN {actions.SQL_TELL} AND status NOT IN {actions.SQL_NEVER_ACTED}",
                               (target, other_than)).fetchone()
         return row[0] if row else None
 

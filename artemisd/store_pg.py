@@ -59,6 +59,7 @@ from artemisd.store import (
 )
 from artemisd.store import SCHEMA_VERSION as _SQLITE_VERSION
 from artemisd.lease import LEADER, Fenced, Lease, next_lease, released
+from artemisd.control import actions
 
 SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS records (
@@ -547,13 +548,15 @@ class PostgresStore:
         return int(aid)
 
     def update_action(self, action_id: int, status: str, detail: str = "", next_try: float | None = None,
-                      attempt: bool = False, fence: int | None = None) -> None:
+                      attempt: bool = False, fence: int | None = None) -> bool:
         with self._tx():
             self._check_fence(fence)
-            self.db.execute("UPDATE actions SET status = %s, detail = %s, updated = %s, "
-                            "next_try = COALESCE(%s::double precision, next_try), attempts = attempts + %s, "
-                            "token = COALESCE(%s::bigint, token) WHERE id = %s",
-                            (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id))
+            cur = self.db.execute("UPDATE actions SET status = %s, detail = %s, updated = %s, "
+                                  "next_try = COALESCE(%s::double precision, next_try), attempts = attempts + %s, "
+                                  "token = COALESCE(%s::bigint, token) WHERE id = %s AND status = ANY(%s)",
+                                  (status, detail, time.time(), next_try, 1 if attempt else 0, fence, action_id,
+                                   list(actions.came_from(status))))
+            return cur.rowcount > 0
 
     def _check_fence(self, fence: int | None) -> None:
         """Inside a write: refuse it unless ``fence`` is still the leader lease's token.
@@ -641,13 +644,13 @@ class PostgresStore:
 
     def drain_actions(self) -> list[tuple[int, str, str, float]]:
         rows = self._all("SELECT id, target, status, created, params FROM actions WHERE kind = 'drain' AND "
-                         "status IN ('pending_approval', 'queued', 'running', 'done', 'rolled_back') ORDER BY id")
+                         f"status IN {actions.SQL_BUDGETED} ORDER BY id")
         return [(aid, target, status, float(json.loads(params).get("approved_at", created)))
                 for aid, target, status, created, params in rows]
 
     def last_action_on(self, target: str, other_than: str) -> float | None:
         row = self._one("SELECT MAX(created) FROM actions WHERE target = %s AND incident != %s AND "
-                        "kind != 'escalate' AND status NOT IN ('denied', 'skipped', 'proposed')",
+                        f"kind NOT IN {actions.SQL_TELL} AND status NOT IN {actions.SQL_NEVER_ACTED}",
                         (target, other_than))
         return row[0] if row else None
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from artemisd.control import actions
+from artemisd.control.actions import ActionKind
 from artemisd.detect import MAD_TO_SIGMA
 
 BASELINE_WINDOWS = 10
@@ -643,9 +645,10 @@ def verdict(kind: str, cause: str, ev: Evidence, rules: Rules, now: float, silen
         return Verdict("unresolved", measured)
     undos: list[Undo] = []
     for action_id, action_kind, target in done_actions:
-        if action_kind == "rebalance":
-            undos.append(Undo(action_id, action_kind, target, True, "no recovery"))
-        elif action_kind == "drain":
-            seen = (still_shown or {}).get(target or "")
-            undos.append(Undo(action_id, action_kind, target, seen is None, seen or "no recovery"))
+        if not actions.reversible(action_kind):
+            continue
+        # Undoing a drain puts its node back in service: not while the node still shows the fault.
+        seen = (still_shown or {}).get(target or "") if actions.rule(action_kind).undone_by is ActionKind.UNDRAIN \
+            else None
+        undos.append(Undo(action_id, action_kind, target, seen is None, seen or "no recovery"))
     return Verdict("unresolved", measured, tuple(undos), all(u.undo for u in undos))

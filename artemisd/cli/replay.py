@@ -10,6 +10,7 @@ from typing import Any
 
 from artemisd import decide
 from artemisd.config import Config, ConfigError, load_config
+from artemisd.control import actions
 from artemisd.incident import Incident
 from artemisd.replay import replay_records
 from artemisd.sim.loop import AUTO_APPROVER
@@ -218,7 +219,7 @@ def format_policy(result: PolicyReplay, incidents: list[Incident], policy_file: 
         if incident.result is not None and incident.result.recovered is not None:
             out.append(f"  {incident.result.describe()}")
         out.append("")
-    rows = [r for r in loop.actions() if r.kind != "escalate"]
+    rows = [r for r in loop.actions() if r.kind not in actions.TELL]
     out.append("would have done:" if rows else "would have done: nothing but escalations")
     for r in rows:
         approved = f", approved by {r.approved_by}" if r.approved_by else ""
@@ -228,6 +229,11 @@ def format_policy(result: PolicyReplay, incidents: list[Incident], policy_file: 
     out.append(f"escalated to a person: {len(escalations)}")
     for r in escalations:
         out.append(f"  {r.incident} ({_offset(result, r.created)}): {r.params.get('headline', '')}")
+    cleared = [r for r in loop.actions() if r.kind == "notify"]
+    if cleared:
+        out.append(f"told it resolved (all-clear mail): {len(cleared)}")
+        for r in cleared:
+            out.append(f"  {r.incident} ({_offset(result, r.created)}): {r.params.get('subject', '')}")
     refusals = loop.refusals()
     out.append(f"refused by the drain budget: {len(refusals) or 'none'}")
     for ref in refusals:

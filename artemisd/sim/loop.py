@@ -1,22 +1,24 @@
 """The closed loop, in memory: the daemon's decisions and actuator against a simulated Slurm.
 
-``Loop`` is what ``artemisd/service.py`` does with an incident once the
-analysis confirmed it — decide, act, verify, roll back, take the next rung —
-with the daemon's storage and I/O replaced by plain Python lists and a
-``SimSlurm``.  The decisions are the daemon's own pure code
-(``decide.plan``, ``decide.after_drain``, ``decide.after_requeue``,
-``decide.drain_budget``, ``verify.verdict``), and drains, requeues,
-constraints and undrains go through the real ``act.Actuator``, so what a
-fleet simulation or ``artemis replay --policy`` scores is what the daemon
-would do, NHC manners and budgets included.
+``Loop`` does with an incident what the daemon does once the analysis
+confirmed it — decide, act, verify, roll back, take the next rung, close it
+when the subject recovers, tell people — by the same code: ``decide.plan``
+chooses, ``control/reconcile.py`` says what each step makes of the incident
+and which effects follow, and this loop's ``apply`` carries the effects out
+in memory (the daemon's carries them out through its ledger, the actuator and
+mail).  Drains, requeues, constraints and undrains go through the real
+``act.Actuator``, so what a fleet simulation or ``artemis replay --policy``
+scores is what the daemon would do, NHC manners and budgets included; the
+parity test (tests/unit/test_loop_parity.py) runs one stream through both.
 
 What the daemon does over time (a queued action run on the next turn, a
 correction the node check reports back) happens here at once: an action is
 performed in the tick (or the approval) that decided it.  Corrections and
 rebalances change nothing in Slurm; ``on_action`` lets the simulation apply
 their physical effect (and any action's), and may answer a correction's or
-rebalance's ``Outcome``.  Time is the caller's: ``now`` is passed in, and
-the Loop never moves the SimSlurm's clock.
+rebalance's ``Outcome``.  Messages to people are recorded, not sent.  Time is
+the caller's: ``now`` is passed in, and the Loop never moves the SimSlurm's
+clock.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from artemisd import decide, policy, verify
+from artemisd.control import actions, reconcile
 from artemisd.act import Actuator, Outcome
 from artemisd.config import Config
-from artemisd.incident import Action, Incident, IncidentState, Result
+from artemisd.incident import Incident, IncidentState
 from artemisd.slurm.api import NodeInfo, SlurmBackend, SlurmError
 
 S = IncidentState
@@ -36,9 +39,6 @@ S = IncidentState
 VERIFY_SILENCE_S = 3600.0
 DECIDABLE = (S.CONFIRMED, S.UNRESOLVED, S.ESCALATED)
 FINAL = (S.RESOLVED, S.DISMISSED)
-OPEN = ("queued", "running")
-# Rows the drain budget counts (store.drain_actions).
-BUDGET_STATUSES = ("pending_approval", "queued", "running", "done", "rolled_back")
 AUTO_APPROVER = "approve-all"
 
 OnAction = Callable[[str, str | None, dict[str, Any], Incident], Outcome | None]
@@ -143,32 +143,16 @@ class Loop:
         incident becomes decidable.  ``None`` for a fact keeps what was known.
         """
         t = self._tracked.get(inc.id)
+        was = S.SUSPECT
         if t is None:
             if inc.state is S.DISMISSED:
                 return
             t = Tracked(inc.model_copy(deep=True), now, step=step)
             self._tracked[inc.id] = t
             self._open[inc.id] = t
-            if t.inc.state is S.CONFIRMED:
-                self._confirmed(t, now)
         else:
-            told, seen = _diagnosis(t.inc), len(t.inc.recurrences)
-            for key, value in inc.model_dump(exclude={"id", "state", "action", "result"}).items():
-                setattr(t.inc, key, value)
-            if len(t.inc.recurrences) > seen and inc.state is S.CONFIRMED:
-                self._recurred(t, now)
-            if _diagnosis(t.inc) != told and t.inc.state in (S.ESCALATED, S.UNRESOLVED) and not any(
-                    r.status in (*OPEN, "pending_approval") for r in self._rows_of(inc.id)):
-                # The person was told one cause and the analysis now names another: decide afresh.
-                t.decide, t.plan_step = True, 0
-                self._note(now, inc.id, "analyzer", "diagnosis changed",
-                           f"was {told[1]} {told[0]}; now {t.inc.cause.value}")
-            if t.inc.state is S.SUSPECT and inc.state in (S.CONFIRMED, S.DISMISSED):
-                t.inc.advance(inc.state)
-                if inc.state is S.CONFIRMED:
-                    self._confirmed(t, now)
-            if t.inc.action is None or (t.inc.action.status == "proposed" and t.plan_step == 0):
-                t.inc.action = inc.action
+            was = t.inc.state
+        self.apply(t, reconcile.on_analysis(t.inc, inc, was, t.plan_step, self._rows_of(inc.id)), now)
         if gpus is not None:
             t.gpus = gpus
         if time_left_s is not None:
@@ -181,41 +165,11 @@ class Loop:
         if measured_loss_pct is not None:
             t.measured_loss_pct = measured_loss_pct
 
-    def _recurred(self, t: Tracked, now: float) -> None:
-        """The subject recovered and was confirmed slow again: the same incident, one more recurrence.
-
-        As the daemon does (``Daemon._recurred``, ``Ledger.reopen``): a resolved
-        incident is reopened and decided again from the start of its ladder
-        (``decide.plan`` sends it to a person once ``RecurEscalate`` recurrences
-        say the fix does not hold); one still open that waits for a person or
-        a next rung is decided again.
-        """
-        inc = t.inc
-        latest = inc.recurrences[-1]
-        why = (f"recurrence {len(inc.recurrences)}: slow again from window {latest.onset_window}, confirmed at "
-               f"{latest.confirmed_window}" + (f", {latest.ratio:.2f}x" if latest.ratio is not None else ""))
-        t.held_noted = t.not_back_noted = False
-        self._note(now, inc.id, "analyzer", "recurred", why)
-        if inc.state is S.RESOLVED:
-            # The one way out of resolved (the life cycle has no transition for it).
-            inc.state = S.CONFIRMED
-            inc.action, inc.result = None, None
-            t.decide, t.plan_step, t.acted_at = True, 0, None
-            self._open[inc.id] = t
-            return
-        if inc.state in DECIDABLE and not any(r.status in (*OPEN, "pending_approval") for r in self._rows_of(inc.id)):
-            t.decide = True
-
     def node_event(self, node: str, received: float, body: dict[str, Any]) -> None:
         """A root-side node event (the node check's, the prolog's): evidence for hard actions and rollbacks."""
         known = self._node_evidence.get(node)
         if known is None or received >= known[0]:
             self._node_evidence[node] = (received, body)
-
-    def _confirmed(self, t: Tracked, now: float) -> None:
-        t.decide = True
-        t.opened_at = now
-        self._note(now, t.inc.id, "analyzer", "confirmed", f"{t.inc.cause.value} confidence {t.inc.confidence}")
 
     # --- decide and act ---------------------------------------------------------------------
 
@@ -232,68 +186,98 @@ class Loop:
         partition, nodes = self._partition(inc.job)
         facts = self._facts(t, partition, nodes, now)
         plan = decide.plan(inc, t.plan_step, self.config, facts, t.step)
-        if plan.wait is not None:
-            if plan.notes and not t.held_noted:
-                t.held_noted = True
-                for note in plan.notes:
-                    self._note(now, inc.id, note.who, note.what, note.why)
+        change = reconcile.on_plan(inc, plan, self._rows_of(inc.id), t.held_noted)
+        if plan.wait is None:
+            t.plans.append(plan)
+            for rung in plan.walked:
+                if rung.mode == "recommend" and rung.why.startswith("drain budget"):
+                    self._refusals.append(Refusal(now, inc.id, rung.kind, rung.target, rung.why, "decide"))
+        waiting = [e for e in change.effects if isinstance(e, reconcile.Queue) and e.status == "pending_approval"]
+        if not (self.approve_all and waiting):
+            self.apply(t, change, now)
             return
-        for note in plan.notes:
-            self._note(now, inc.id, note.who, note.what, note.why)
-        t.plans.append(plan)
-        for rung in plan.walked:
-            if rung.mode == "recommend" and rung.why.startswith("drain budget"):
-                self._refusals.append(Refusal(now, inc.id, rung.kind, rung.target, rung.why, "decide"))
-        t.plan_step, t.decide = plan.plan_step, False
-        action = plan.action
-        if plan.dry_run:
-            if action is not None:
-                inc.action = Action(kind=action.kind, target=action.target, status="proposed",
-                                    reversible=action.reversible)
-            return
-        if action is not None and action.mode == "auto":
-            row = self._add(inc.id, action.kind, action.target, action.params, "queued", now)
-            inc.action = Action(kind=action.kind, target=action.target, status="running",
-                                reversible=action.reversible)
-            if plan.state is not None:
-                inc.advance(plan.state)
-            self._run(row, t, now)
-            return
-        if action is not None:
-            row = self._add(inc.id, action.kind, action.target, action.params, "pending_approval", now)
-            inc.action = Action(kind=action.kind, target=action.target, status="pending_approval",
-                                reversible=action.reversible)
-            if plan.state is not None:
-                inc.advance(plan.state)
-            if self.approve_all:
-                self._note(now, inc.id, AUTO_APPROVER, f"{action.kind} {action.target}: approved automatically",
-                           "replayed with --approve-all: every approval is given")
-                if self._approve(row, t, AUTO_APPROVER, now):
-                    return
-            # Waiting for a person (or refused at approval by the budget): they are told.
-            self._escalate(t, plan.escalate or "", plan.recommended, now)
-            return
-        if plan.escalate is not None:
-            inc.action = Action(kind="escalate", target=inc.job, status="done")
-            if plan.state is not None:
-                inc.advance(plan.state)
-            self._escalate(t, plan.escalate, plan.recommended, now)
+        # --approve-all: the approval is given at once; the page asking for it goes only if the budget
+        # refuses it then (the person is told it waits).
+        tells = [e for e in change.effects if isinstance(e, reconcile.Tell)]
+        change.effects = [e for e in change.effects if not isinstance(e, reconcile.Tell)]
+        self.apply(t, change, now)
+        row = self._rows_of(inc.id)[-1]
+        self._note(now, inc.id, AUTO_APPROVER, f"{row.kind} {row.target}: approved automatically",
+                   "replayed with --approve-all: every approval is given")
+        if not self._approve(row, t, AUTO_APPROVER, now):
+            self.apply(t, reconcile.Change(t.inc, list(tells), saved=False), now)
 
-    def _escalate(self, t: Tracked, headline: str, recommended: tuple[str, ...] | list[str], now: float) -> None:
-        """AdminComment and mail, recorded (the simulation sends nothing)."""
-        params = {"job": t.inc.job, "headline": headline, "recommended": list(recommended)}
-        row = self._add(t.inc.id, "escalate", t.inc.job, params, "done", now)
-        row.detail = "recorded: AdminComment and mail"
-        t.escalations.append(headline)
-        self._note(now, t.inc.id, "daemon", "escalated", headline,
-                   "; ".join(f"recommended: {r}" for r in recommended))
+    def apply(self, t: Tracked, change: reconcile.Change, now: float) -> None:
+        """Carry a ``reconcile.Change`` out in memory, at once: queued actions are performed against the
+        simulated Slurm in the same call, messages to people are recorded (nothing is sent)."""
+        t.inc = change.incident
+        inc = t.inc
+        if change.decide is not None:
+            t.decide = change.decide
+        if change.plan_step is not None:
+            t.plan_step = change.plan_step
+        if change.held is not None:
+            t.held_noted = change.held
+        if change.not_back is not None:
+            t.not_back_noted = change.not_back
+        if change.acted:
+            t.acted_at = now
+        if change.reopened:
+            t.acted_at = None
+            self._open[inc.id] = t
+        to_run: list[ActionRow] = []
+        told: list[reconcile.Tell] = []
+        for effect in change.effects:
+            if isinstance(effect, reconcile.Note):
+                self._note(now, inc.id, effect.who, effect.what, effect.why, effect.result)
+            elif isinstance(effect, reconcile.Queue):
+                row = self._add(inc.id, effect.kind, effect.target, dict(effect.params), effect.status, now)
+                if effect.status == "queued":
+                    to_run.append(row)
+            elif isinstance(effect, reconcile.Move):
+                self._move(effect.action_id, effect.status, effect.detail)
+            elif isinstance(effect, reconcile.Approved):
+                row = self._row(effect.action_id)
+                row.params = {**row.params, "approved_by": effect.who, "approved_at": effect.at}
+                row.approved_by, row.approved_at = effect.who, effect.at
+            elif isinstance(effect, reconcile.ResetShares):
+                row = self._row(effect.action_id)
+                self._move(row.id, "rolled_back", "shares reset to equal")
+                self._note(now, inc.id, "daemon", f"rebalance {row.target} rolled back", effect.why)
+                if self.on_action is not None:
+                    self.on_action("rebalance", row.target, {**row.params, "shares": {}}, inc)
+            else:
+                told.append(effect)
+        for tell in told:
+            self._tell(t, tell, now)
+        for row in to_run:
+            self._run(row, t, now)
+
+    def _tell(self, t: Tracked, tell: reconcile.Tell, now: float) -> None:
+        """AdminComment and mail (``escalate``) or mail (``notify``), the daemon's text, recorded: the
+        simulation sends nothing.  Recorded done, as the daemon's row ends once sent."""
+        if tell.kind == "escalate" and self.config.daemon.dry_run:
+            self._note(now, t.inc.id, "daemon", "dry-run: would escalate", tell.headline)
+            return
+        params = tell.message.params(t.inc.job)
+        if tell.kind == "escalate":
+            params.update(headline=tell.headline, recommended=list(tell.recommended))
+        row = self._add(t.inc.id, tell.kind, t.inc.job, params, "done", now)
+        row.detail = "recorded: AdminComment and mail" if tell.kind == "escalate" else "recorded: mail"
+        if tell.kind != "escalate":
+            return
+        t.escalations.append(tell.headline)
+        self._note(now, t.inc.id, "daemon", "escalated", tell.headline,
+                   "; ".join(f"recommended: {r}" for r in tell.recommended))
         if self.on_action is not None:
             self.on_action("escalate", t.inc.job, params, t.inc)
+        self.apply(t, reconcile.after_action(t.inc, row, "done", self._rows_of(t.inc.id), self._policy(t),
+                                              decide.Facts(now=now)), now)
 
     def _run(self, row: ActionRow, t: Tracked, now: float) -> None:
-        row.status = "running"
+        self._move(row.id, "running", row.detail)
         outcome = self._perform(row, t)
-        row.status, row.detail = outcome.status, outcome.detail
+        self._move(row.id, outcome.status, outcome.detail)
         self._note(now, row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}")
         self._after(row, outcome, t, now)
 
@@ -323,38 +307,14 @@ class Loop:
         return outcome
 
     def _after(self, row: ActionRow, outcome: Outcome, t: Tracked, now: float) -> None:
-        inc = t.inc
-        if row.kind == "undrain" or inc.state is not S.ACTING:
-            return
-        if outcome.status == "done" and row.kind in ("drain", "requeue"):
-            partition, nodes = self._partition(inc.job)
-            pol = self.config.policy_for(partition)
-            if row.kind == "drain":
-                rung_approved = any(r.kind == "drain" and r.approved_by for r in self._rows_of(inc.id))
-                follow = decide.after_drain(inc, pol, self._facts(t, partition, nodes, now), rung_approved)
-            else:
-                follow = decide.after_requeue(inc, pol)
-            if follow.kind is not None:
-                target = follow.params.get("job", inc.job)
-                self._run(self._add(inc.id, follow.kind, target, follow.params, "queued", now), t, now)
-                return
-            if follow.escalate is not None:
-                if inc.action is not None:
-                    inc.action.status = "done"
-                inc.advance(S.ESCALATED)
-                self._escalate(t, follow.escalate, (), now)
-                return
-        if decide.rung_happened(row.kind, outcome.status):
-            if inc.action is not None:
-                inc.action.status = "done"
-            t.acted_at = now
-            inc.advance(S.VERIFYING)
-            return
-        # Failed or skipped: this rung did not happen; the next one is decided.
-        if inc.action is not None:
-            inc.action.status = "failed" if outcome.status == "failed" else "skipped"
-        inc.advance(S.UNRESOLVED)
-        t.decide = True
+        partition, nodes = self._partition(t.inc.job)
+        facts = self._facts(t, partition, nodes, now) if row.kind == "drain" and outcome.status == "done" \
+            else decide.Facts(now=now)
+        self.apply(t, reconcile.after_action(t.inc, row, outcome.status, self._rows_of(t.inc.id),
+                                              self.config.policy_for(partition), facts), now)
+
+    def _policy(self, t: Tracked):
+        return self.config.policy_for(self._partition(t.inc.job)[0])
 
     # --- people ---------------------------------------------------------------------------------
 
@@ -371,11 +331,7 @@ class Loop:
         """A person denies the action waiting: the next rung is decided on the next tick."""
         t, row = self._waiting(incident_id)
         when = self._now(now)
-        row.status, row.detail = "denied", f"denied by {who}"
-        t.inc.action = Action(kind=row.kind, target=row.target, status="denied",
-                              reversible=decide.REVERSIBLE.get(row.kind, False))
-        t.decide = True
-        self._note(when, incident_id, who, f"denied {row.kind} {row.target}")
+        self.apply(t, reconcile.on_approval(t.inc, row, who, False, when), when)
 
     def _approve(self, row: ActionRow, t: Tracked, who: str, now: float) -> bool:
         if row.kind == "drain":
@@ -386,13 +342,8 @@ class Loop:
                 self._refusals.append(Refusal(now, t.inc.id, row.kind, row.target, why, "approve"))
                 self._note(now, t.inc.id, who, f"approval of {row.kind} {row.target} refused", why)
                 return False
-        row.params = {**row.params, "approved_by": who, "approved_at": now}
-        row.approved_by, row.approved_at = who, now
-        row.status, row.detail = "queued", f"approved by {who}"
-        t.inc.action = Action(kind=row.kind, target=row.target, status="running",
-                              reversible=decide.REVERSIBLE.get(row.kind, False))
-        t.inc.advance(S.ACTING)
-        self._note(now, t.inc.id, who, f"approved {row.kind} {row.target}")
+        change = reconcile.on_approval(t.inc, row, who, True, now)
+        self.apply(t, change, now)
         self._run(row, t, now)
         return True
 
@@ -438,37 +389,10 @@ class Loop:
                            for _, kind, target in done if kind == "drain" and target}
         v = verify.verdict(inc.kind.value, inc.cause.value, evidence, verify.Rules.of(self.config.daemon), now,
                            self.silence_s, done, still_shown)
-        if v.state is None:
-            return v
-        m = v.verification
         series = [(w.seq, w.throughput) for w in evidence.origin]
         slowed = verify.during(series, inc.onset_window, evidence.action_window)
-        inc.result = Result(throughput_healthy=_rounded(evidence.baseline), throughput_before=_rounded(slowed),
-                            **m.result_fields(_rounded))
-        if v.state == "resolved":
-            inc.advance(S.RESOLVED)
-            self._note(now, incident_id, "verify", "resolved", m.note)
-            return v
-        inc.advance(S.UNRESOLVED)
-        t.decide = True
-        self._note(now, incident_id, "verify", "unresolved", m.note)
-        rows = {r.id: r for r in self._rows_of(incident_id)}
-        for undo in v.rollbacks:
-            row = rows[undo.action_id]
-            if not undo.undo:
-                self._note(now, incident_id, "daemon", f"{undo.kind} of {undo.target} kept", undo.why)
-                continue
-            row.status, row.detail = "rolled_back", undo.why
-            if undo.kind == "drain":
-                self._note(now, incident_id, "daemon", f"drain of {undo.target} rolled back", undo.why)
-                self._run(self._add(incident_id, "undrain", undo.target, {"node": undo.target}, "queued", now),
-                          t, now)
-            else:
-                self._note(now, incident_id, "daemon", f"{undo.kind} {undo.target} rolled back", undo.why)
-                if self.on_action is not None and undo.kind == "rebalance":
-                    self.on_action("rebalance", undo.target, {**row.params, "shares": {}}, inc)
-        if v.rolled_back and inc.action is not None and inc.action.reversible and v.rollbacks:
-            inc.action.status = "rolled_back"
+        self.apply(t, reconcile.on_verdict(inc, v, self._rows_of(incident_id), (evidence.baseline, slowed),
+                                            self.config.daemon.dry_run), now)
         return v
 
     def subject_recovered(self, incident_id: str, now: float,
@@ -476,29 +400,12 @@ class Loop:
         """The analysis saw the subject healthy again: close the incident if the job's throughput
         agrees (``verification`` of its latest windows; None: no baseline to judge against)."""
         t = self._tracked.get(incident_id)
-        if t is None or t.inc.state not in DECIDABLE:
+        if t is None:
             return False
-        if any(r.status in OPEN and r.kind != "escalate" for r in self._rows_of(incident_id)):
-            return False
-        inc = t.inc
-        if verification is not None:
-            if not verification.done or verification.recovered is False:
-                if verification.done and not t.not_back_noted:
-                    t.not_back_noted = True
-                    self._note(now, incident_id, "verify", "subject healthy, job throughput not back",
-                               verification.note)
-                return False
-            why = f"the subject has been healthy again for RecoverWindows windows; {verification.note}"
-            inc.result = (inc.result or Result()).model_copy(update=verification.result_fields(_rounded))
-        else:
-            why = "the subject has been healthy again for RecoverWindows windows (no healthy baseline to measure)"
-        for row in self._rows_of(incident_id):
-            if row.status == "pending_approval":
-                row.status, row.detail = "skipped", "subject recovered before approval"
-        inc.advance(S.RESOLVED)
-        t.decide = False
-        self._note(now, incident_id, "analyzer", "resolved", why)
-        return True
+        change = reconcile.on_recovered(t.inc, verification, self._rows_of(incident_id), t.not_back_noted,
+                                        dry_run=self.config.daemon.dry_run)
+        self.apply(t, change, now)
+        return t.inc.state is S.RESOLVED and change.saved
 
     def _still_shown(self, t: Tracked, node: str, now: float) -> str | None:
         evidence = self._evidence_of(t, node)
@@ -555,7 +462,7 @@ class Loop:
         """The drains the budget counts, as ``policy.DrainRecord`` (when: approved, else decided)."""
         return tuple(policy.DrainRecord(r.id, r.target or "", r.status,
                                         r.approved_at if r.approved_at is not None else r.created)
-                     for r in self._rows if r.kind == "drain" and r.status in BUDGET_STATUSES)
+                     for r in self._rows if r.kind == "drain" and r.status in actions.BUDGETED)
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -566,8 +473,8 @@ class Loop:
                                else None) if x}
         last: dict[str, float] = {}
         for row in self._rows:
-            if row.target in targets and row.incident != inc.id and row.kind not in ("escalate", "notify") \
-                    and row.status not in ("denied", "skipped", "proposed"):
+            if row.target in targets and row.incident != inc.id and row.kind not in actions.TELL \
+                    and row.status not in actions.NEVER_ACTED:
                 last[row.target] = max(last.get(row.target, row.created), row.created)
         time_left = None
         if t.time_left is not None:
@@ -600,6 +507,17 @@ class Loop:
         self._rows.append(row)
         return row
 
+    def _row(self, action_id: int) -> ActionRow:
+        return self._rows[action_id - 1]
+
+    def _move(self, action_id: int, status: str, detail: str) -> bool:
+        """A row moves along the action table's life cycle, as the stores enforce it (else nothing)."""
+        row = self._row(action_id)
+        if row.status not in actions.came_from(status):
+            return False
+        row.status, row.detail = status, detail
+        return True
+
     def _rows_of(self, incident_id: str) -> list[ActionRow]:
         return [r for r in self._rows if r.incident == incident_id]
 
@@ -614,11 +532,3 @@ class Loop:
         if not callable(clock):
             raise ValueError("no time given and the Slurm backend has no clock")
         return float(clock())
-
-
-def _diagnosis(inc: Incident) -> tuple[str, str, str | None, str | None]:
-    return inc.kind.value, inc.cause.value, inc.node, inc.link
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)

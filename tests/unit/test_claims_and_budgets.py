@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from artemisd import decide, policy, verify
 from artemisd.auth import TRUSTED_LOCAL, Credential, Principal
 from artemisd.config import parse_config_text
+from artemisd.control import reconcile
 from artemisd.incident import Incident
 from artemisd.server import make_app
 from tests.unit.test_act import MemorySlurm
@@ -297,7 +298,9 @@ def test_rolled_back_drains_keep_counting_for_the_hour(tmp_path):
             stored = h.daemon.store.incident(first["id"])
             # What verify does when throughput did not come back and the node no longer shows the fault.
             undo = verify.Undo(row["id"], "drain", first["node"], True, "no recovery")
-            h.daemon._roll_back(Incident.model_validate(stored.body), [undo], h.clock.now)
+            rows = h.daemon.store.actions_of(first["id"])
+            h.daemon.apply(stored, reconcile.Change(Incident.model_validate(stored.body),
+                                                    reconcile.rollbacks([undo], rows), saved=False), h.clock.now)
             await h.daemon.run_once()  # the undrain
             assert drained(slurm) == []
             ok, why = drain_budget(h, h.daemon.config.policy_for("gpu"), slurm.partition_nodes("gpu"))

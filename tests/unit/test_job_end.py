@@ -249,10 +249,10 @@ def test_a_restarted_daemon_neither_closes_nor_mails_twice(tmp_path, smtp, monke
             slurm_says(h, "COMPLETED")
             saved = h.daemon._save
 
-            def dies_closing(stored, inc: Incident):
+            def dies_closing(stored, inc: Incident, reopening: bool = False):
                 if inc.ended_with_job is not None:
                     raise Killed
-                saved(stored, inc)
+                saved(stored, inc, reopening)
 
             monkeypatch.setattr(h.daemon, "_save", dies_closing)
             with pytest.raises(Killed):

@@ -52,9 +52,10 @@ def test_incident_round_trip_and_action_intent(tmp_path):
     store.update_action(aid, "running", attempt=True)
     assert [a.id for a in store.due_actions(now=10.0)] == [aid]  # open intent is re-run after a crash
     assert store.drain_actions() == [(aid, "n2", "running", 10.0)]
+    store.update_action(aid, "done", "drained")
     store.update_action(aid, "rolled_back", "undrain queued")
     later = store.add_action("INC-3", "drain", "n4", {"node": "n4", "approved_at": 50.0}, "pending_approval", now=20.0)
-    denied = store.add_action("INC-3", "drain", "n5", {"node": "n5"}, "queued", now=30.0)
+    denied = store.add_action("INC-3", "drain", "n5", {"node": "n5"}, "pending_approval", now=30.0)
     store.update_action(denied, "denied")
     # Budgets count rolled-back drains; an approved one from when it was approved; a denied one never.
     assert store.drain_actions() == [(aid, "n2", "rolled_back", 10.0), (later, "n4", "pending_approval", 50.0)]

@@ -429,13 +429,31 @@ def test_action_intent_retries_and_params(store):
     assert later > aid and [a.id for a in store.actions_of("INC-3")] == [aid, later]
 
 
+def test_an_action_row_moves_only_along_its_life_cycle(store):
+    """The action table's NEXT, enforced by the store: a move from the wrong status is not written."""
+    waiting = store.add_action("INC-3", "drain", "n2", {"node": "n2"}, "pending_approval", now=10.0)
+    assert store.update_action(waiting, "running", "not approved yet") is False
+    assert store.update_action(waiting, "done") is False
+    assert (store.action(waiting).status, store.action(waiting).detail) == ("pending_approval", "")
+    assert store.update_action(waiting, "denied", "denied by uid 0") is True
+    assert store.update_action(waiting, "queued", "approved too late") is False  # a denial is final
+    assert store.action(waiting).status == "denied"
+    ran = store.add_action("INC-3", "drain", "n4", {"node": "n4"}, "queued", now=11.0)
+    for status in ("running", "running", "done", "rolled_back"):
+        assert store.update_action(ran, status) is True
+    for status in ("done", "running", "queued", "failed"):
+        assert store.update_action(ran, status) is False  # rolled back stays rolled back
+    assert store.action(ran).status == "rolled_back"
+
+
 def test_drains_counted_toward_budgets(store):
     aid = store.add_action("INC-3", "drain", "n2", {"node": "n2"}, "queued", now=10.0)
     store.update_action(aid, "running", attempt=True)
     assert store.drain_actions() == [(aid, "n2", "running", 10.0)]
+    store.update_action(aid, "done", "drained")
     store.update_action(aid, "rolled_back", "undrain queued")
     later = store.add_action("INC-3", "drain", "n4", {"node": "n4", "approved_at": 50.0}, "pending_approval", now=20.0)
-    denied = store.add_action("INC-3", "drain", "n5", {"node": "n5"}, "queued", now=30.0)
+    denied = store.add_action("INC-3", "drain", "n5", {"node": "n5"}, "pending_approval", now=30.0)
     store.update_action(denied, "denied")
     store.add_action("INC-3", "requeue", "7", {}, "done", now=31.0)
     # Budgets count rolled-back drains; an approved one from when it was approved; a denied one never.
@@ -447,6 +465,7 @@ def test_last_action_on_a_target_by_another_incident(store):
     store.add_action("INC-1", "drain", "n2", {}, "done", now=10.0)
     store.add_action("INC-2", "drain", "n2", {}, "queued", now=20.0)
     store.add_action("INC-3", "escalate", "n2", {}, "done", now=30.0)  # telling a person is not acting
+    store.add_action("INC-9", "notify", "n2", {}, "done", now=35.0)  # nor is an all-clear
     for n, status in enumerate(("denied", "skipped", "proposed")):
         store.add_action(f"INC-{n + 4}", "drain", "n2", {}, status, now=40.0 + n)
     assert store.last_action_on("n2", "INC-1") == 20.0
