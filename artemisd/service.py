@@ -35,30 +35,29 @@ from typing import Any
 
 import structlog
 
-from artemisd import __version__, decide, ingest, mail, policy, verify
-from artemisd.control import actions, reconcile
-from artemisd.act import Actuator, Outcome
+from artemisd import ingest
+from artemisd.acting import Acting, closed
 from artemisd.auth import Principal
 from artemisd.config import Config
+from artemisd.ingest import IngestResult
+from artemisd.incident import Incident, IncidentState
+from artemisd.job_memory import JobMemory
 from artemisd.jobs import OWN, JobLookups
-from artemisd.incident import Incident, IncidentKind, IncidentState
+from artemisd.leadership import Leadership
+from artemisd.lease import Fenced, Lease
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
-from artemisd.pipeline import MAX_STEPS_PER_JOB, Analyzer, ProbeRequest
+from artemisd.pipeline import Analyzer, ProbeRequest
 from artemisd.probes import ProbeQueue
-from artemisd.runs import JobRun, run_key, split_run
-from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
-from artemisd.store import (ActionRow, StateStore, StoredIncident, StoredRecord, StoreUnavailable, batch_items,
-                            merge_batch_rows, open_store)
-from artemisd.ingest import IngestResult
-from artemisd.lease import LEADER, Fenced, Lease
+from artemisd.runs import run_key, split_run
+from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
+from artemisd.store import (StateStore, StoredIncident, StoredRecord, StoreUnavailable, batch_items, merge_batch_rows,
+                            open_store)
 from artemisd.wire import NodeEvent, ReportError, WindowReport, dump_record, parse_record, with_step
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
-CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 MAX_LOGGED_FAILURES = 64  # kinds of unforeseen per-item failure logged with a traceback (once each)
-VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
 # A claim outside the cached allocation re-reads the job at most this often:
 # a requeued job has new nodes, but a wrong claim must not cost a Slurm call each.
 ALLOCATION_RECHECK_S = 5.0
@@ -96,12 +95,6 @@ REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this 
 log = structlog.get_logger("artemisd")
 
 
-def _closed(stored: StoredIncident) -> bool:
-    """Nothing more is decided or done about it: resolved, dismissed, or ended with its job (whose
-    ``unresolved`` the life cycle would otherwise let act again)."""
-    return stored.state in FINAL or stored.body.get("ended_with_job") is not None
-
-
 def _told_at_job_end(stored: StoredIncident) -> bool:
     return bool((stored.body.get("ended_with_job") or {}).get("person_told"))
 
@@ -110,35 +103,23 @@ class Daemon:
     def __init__(self, config: Config, slurm: SlurmBackend, clock: Callable[[], float] = time.time):
         self.config = config
         self.slurm = slurm
-        self.actuator = Actuator(slurm)
         self.clock = clock
         self.metrics = Metrics()
         self.store: StateStore = open_store(config.daemon)
         self.ledger = Ledger(self.store)
-        # Leadership (artemisd/lease.py).  An instance is its host and listen
-        # address: two live processes cannot both listen there, and a daemon
-        # restarted after kill -9 renews its own lease instead of waiting it out.
-        self.instance = f"{socket.gethostname()}:{config.daemon.listen}"
-        self.lease: Lease | None = None
-        self._store_down = False  # the last lease request met an unreachable database (logged once)
-        self.started = time.time()
+        self.leadership = Leadership(self.store, self.ledger, self.metrics,
+                                     f"{socket.gethostname()}:{config.daemon.listen}",
+                                     lambda: self.config.daemon.lease_time)
+        self.instance = self.leadership.instance
+        self.started = self.leadership.started
         self.analyzer = Analyzer(config.analysis, id_prefix="A-", active_probe=True)
         self._bound: dict[str, str] = {}  # analyzer incident id -> daemon incident id
         self.jobs = JobLookups(slurm.job, config.daemon.slurm_read_workers,
                                lambda: self.config.daemon.job_cache_seconds, self.clock, self._job_read,
                                self.metrics.backend_errors.labels("slurm").inc, ALLOCATION_RECHECK_S)
-        self._last_report: dict[str, dict[int, tuple[str, str, int | None]]] = {}  # job -> rank -> step, node, gpu
-        self._steps: dict[str, str] = {}
-        self._world: dict[str, int] = {}  # job -> its ranks (GPUs): what a requeue restarts
-        self._window_count: dict[str, int] = {}
-        self._runs: dict[tuple[str, str], JobRun] = {}  # (job, step) -> its latest run
+        self.memory = JobMemory(self.metrics)
         self._probe_due: dict[str, float] = {}  # analyzer incident id -> when its matched probe expires
         self._probes = ProbeQueue()  # requests the rate limit has not let out yet
-        self._rebalance_opt_in: set[str] = set()  # jobs whose ranks read their work shares
-        self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
-        self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
-        # job -> rank -> its probe's dropped_reports and relay_dropped
-        self._dropped: dict[str, dict[int, tuple[int, int]]] = {}
         self._restoring = False
         # Every stored record up to _fed_seq is in this instance's analyzer; so
         # are those above it in _fed_own (the ones it analysed as it stored them, leading).
@@ -161,6 +142,8 @@ class Daemon:
         self._directives_read: dict[tuple[str, str], tuple[float, float, list[dict[str, Any]]]] = {}
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
+        self.acting = Acting(config, self.store, self.ledger, self.analyzer, slurm, self.metrics, self.memory,
+                             self.clock, self.job_info, self._add_directive, self._bound, self._probe_due)
         self.restore()
         if self._lead():  # a lone instance leads from its first request, not from its first turn
             # ... with what it stored and had not marked analysed before it stopped
@@ -175,6 +158,7 @@ class Daemon:
     def reload(self, config: Config) -> None:
         """SIGHUP: new policy, mail, limits.  Listen/StateDir/analysis need a restart."""
         self.config = config
+        self.acting.config = config
         log.info("config reloaded", policies=len(config.policies), dry_run=config.daemon.dry_run,
                  enabled=config.daemon.enabled)
 
@@ -287,11 +271,11 @@ class Daemon:
                     if record is None:
                         record = parse_record(json.loads(text), context=context)
                     if record.type == "window":
-                        self._seed_run(record)
-                    self._remember(record)
+                        self.memory.seed_run(record)
+                    self.memory.remember(record, quiet=not publish)
                     for update in self.analyzer.ingest(record):
                         if publish:
-                            self._publish(update, now)
+                            self.acting.publish(update, now)
                         elif update.id not in self._bound:
                             self._bind_restored(update, stored_incidents())
                     if rec.root:
@@ -391,18 +375,6 @@ class Daemon:
                       error=what, exc_info=err)
         self.metrics.item_failures.labels(stage).inc()
         return f"internal error while {stage} this item ({what})"
-
-    def _seed_run(self, rec: WindowReport) -> None:
-        """A stored report (its step key names its run) brings the job step's run up to date."""
-        base, number = split_run(rec.step)
-        known = self._runs.get((rec.job, base))
-        if known is None:
-            known = self._set_run(rec.job, base, JobRun(number))
-        elif number > known.number:
-            known.number, known.newest = number, {}  # as a restart does: the runs' starts stay
-        if number == known.number:
-            known.newest[rec.rank] = max(known.newest.get(rec.rank, rec.window.seq), rec.window.seq)
-        known.saw_window(number, rec.window.seq, rec.window.t0, rec.window.t1)
 
     def _bind_restored(self, update: Incident, by_subject: dict[str, list[StoredIncident]]) -> None:
         bound = set(self._bound.values())
@@ -609,7 +581,7 @@ class Daemon:
                for _, rec in records):
             return None
         try:
-            base, run = self._run_for(job, step)
+            base, run = self.memory.run_for(job, step)
             spans = [rec.window for _, rec in records]
             number = run.take_together([rec.rank for _, rec in records], seq,
                                        [span.t0 for span in spans], [span.t1 for span in spans])
@@ -672,9 +644,9 @@ class Daemon:
 
     def _analyse(self, rec: WindowReport | NodeEvent, now: float) -> None:
         """One stored record to the leader's analyzer, its incidents published."""
-        self._remember(rec)
+        self.memory.remember(rec)
         for update in self.analyzer.ingest(rec):
-            self._publish(update, now)
+            self.acting.publish(update, now)
 
     def _bookkeeping(self, now: float, pruned: list[WindowReport | NodeEvent], ended: list[WindowReport | NodeEvent],
                      probes: bool = True) -> None:
@@ -765,26 +737,12 @@ class Daemon:
         a restart of the daemon replays it the same way).  Incidents verifying on
         the old run continue on the new one: its windows all come after the action.
         """
-        base, run = self._run_for(rec.job, rec.step)
+        base, run = self.memory.run_for(rec.job, rec.step)
         span = rec.window
         number, started = run.take(rec.rank, span.seq, span.t0, span.t1)
         if started:
             self._restarted(rec.job, run_key(base, number - 1), run_key(base, number))
         return rec if number == 0 else with_step(rec, run_key(base, number))
-
-    def _run_for(self, job: str, step: str) -> tuple[str, JobRun]:
-        """The base step name of ``step`` and its job step's latest run (a first run if none is known)."""
-        base = split_run(step)[0]
-        return base, self._runs.get((job, base)) or self._set_run(job, base, JobRun())
-
-    def _set_run(self, job: str, base: str, run: JobRun) -> JobRun:
-        if (job, base) not in self._runs:
-            # Step names are the sender's: as many as the analyzer keeps per job, the oldest goes.
-            steps = [key for key in self._runs if key[0] == job]
-            if len(steps) >= MAX_STEPS_PER_JOB:
-                del self._runs[steps[0]]
-        self._runs[(job, base)] = run
-        return run
 
     def _restarted(self, job: str, old_key: str, new_key: str) -> None:
         """A job under an action started again (requeued): its incidents keep the run they were
@@ -796,39 +754,6 @@ class Daemon:
                 self._audit(stored.id, "daemon", "job restarted",
                             f"windows of {job} now counted as {new_key}; verified once back in steady state")
 
-    def _run_key(self, job: str, step: str) -> str:
-        """The key of the job step's latest run (``step`` itself unless it was restarted since)."""
-        base = split_run(step)[0]
-        run = self._runs.get((job, base))
-        return run_key(base, 0 if run is None else run.number)
-
-    def _remember(self, rec: WindowReport | NodeEvent) -> None:
-        if rec.type == "window":
-            gpu = rec.device.index if rec.device is not None else None
-            self._last_report.setdefault(rec.job, {})[rec.rank] = (rec.step, rec.node, gpu)
-            self._steps[rec.job] = rec.step
-            self._world[rec.job] = rec.world
-            if rec.rebalance_opt_in:
-                self._rebalance_opt_in.add(rec.job)
-            self._reconnected(rec)
-
-    def _reconnected(self, rec: WindowReport) -> None:
-        """A rank whose cumulative ``dropped_reports`` (or, a node's relay, ``relay_dropped``: its
-        siblings' reports) grew could not reach us for a while: say so."""
-        if rec.dropped_reports is None and rec.relay_dropped is None:
-            return
-        ranks = self._dropped.setdefault(rec.job, {})
-        before, relay_before = ranks.get(rec.rank, (0, 0))
-        dropped = before if rec.dropped_reports is None else rec.dropped_reports
-        relay_dropped = relay_before if rec.relay_dropped is None else rec.relay_dropped
-        ranks[rec.rank] = (dropped, relay_dropped)
-        grew = max(0, dropped - before) + max(0, relay_dropped - relay_before)
-        if grew and not self._restoring:
-            self.metrics.probe_dropped.inc(grew)
-            log.warning("probe reached the daemon again", job=rec.job, rank=rec.rank, node=rec.node,
-                        dropped=dropped - before, dropped_total=dropped,
-                        relay_dropped=relay_dropped - relay_before, relay_dropped_total=relay_dropped)
-
     def _forget_ended(self, ended: list[WindowReport | NodeEvent], analysed: list[WindowReport | NodeEvent],
                       now: float) -> None:
         """A job's epilog said it ended and none of its incidents is open: its window history goes.
@@ -839,7 +764,7 @@ class Daemon:
         job's stay open, with its history (and the analyzer's restart from it).
         """
         for job in {r.job for r in ended if type(r) is NodeEvent and r.event == "job_end" and r.job}:
-            if not self._forget_if_closed(job):
+            if not self._forget_ifclosed(job):
                 self._hear_end(job, now)
         self._late_after_end(analysed, now)
 
@@ -861,12 +786,12 @@ class Daemon:
         for job in {r.job for r in kept if r.type == "window" and r.job in self._forgotten_ended}:
             self._hear_end(job, now)
 
-    def _forget_if_closed(self, job: str) -> bool:
+    def _forget_ifclosed(self, job: str) -> bool:
         """An ended job whose incidents are all closed leaves the store and memory; False: one is open,
         or one ended with the job after a person was paged about it (its windows stay for that
         person's ``artemis show --plot``, ``EndedJobHistory``, as ``_release_history`` says)."""
         incidents = self.store.incidents(job=job)
-        if not all(_closed(i) for i in incidents) or any(_told_at_job_end(i) for i in incidents):
+        if not all(closed(i) for i in incidents) or any(_told_at_job_end(i) for i in incidents):
             return False
         self._forget_job(job)
         return True
@@ -893,12 +818,8 @@ class Daemon:
         for analyzer_id in self.analyzer.forget_job(job):
             self._bound.pop(analyzer_id, None)
             self._probe_due.pop(analyzer_id, None)
-        for key in [key for key in self._runs if key[0] == job]:
-            del self._runs[key]
-        for per_job in (self._last_report, self._dropped, self._steps, self._world, self._window_count):
-            per_job.pop(job, None)
+        self.memory.forget(job)
         self.jobs.forget(job)
-        self._rebalance_opt_in.discard(job)
         self._probes.forget_job(job)
         self._ended_open.pop(job, None)
         self._end_heard.pop(job, None)
@@ -908,41 +829,11 @@ class Daemon:
     def _prune(self, kept: list[WindowReport | NodeEvent]) -> None:
         keep = self.config.daemon.history_windows_kept
         for rec in kept:
-            if rec.type == "window" and rec.rank == 0:
-                count = self._window_count[rec.job] = self._window_count.get(rec.job, 0) + 1
-                if count % max(1, keep // 4) == 0:
-                    self.store.prune_records(rec.job, keep)
+            count = self.memory.counted_window(rec)
+            if count is not None and count % max(1, keep // 4) == 0:
+                self.store.prune_records(rec.job, keep)
 
     # --- incidents from the analyzer ------------------------------------------
-
-    def _publish(self, update: Incident, now: float) -> None:
-        if self._restoring:
-            return
-        daemon_id = self._bound.get(update.id)
-        stored = self.store.incident(daemon_id) if daemon_id else None
-        if stored is None:
-            if update.state is S.DISMISSED:
-                return  # never published as suspect (e.g. absorbed before we saw it)
-            # An ongoing incident whose history was pruned before a restart: same subject, not closed.
-            bound = set(self._bound.values())
-            for inc in self.store.incidents(job=update.job):
-                if inc.subject == subject_of(update) and not _closed(inc) and inc.id not in bound:
-                    stored = inc
-                    break
-        new = stored is None
-        if stored is None:
-            stored = self.ledger.open(update, self._steps.get(update.job, "0"), now)
-        self._bound[update.id] = stored.id
-        was = S.SUSPECT if new else IncidentState(stored.state)
-        change = reconcile.on_analysis(Incident.model_validate(stored.body), update, was, stored.plan_step,
-                                       self.store.actions_of(stored.id), _closed(stored))
-        if change.confirmed:
-            stored.baseline = verify.baseline(self.analyzer.throughput(update.job, stored.step or "0"),
-                                              update.onset_window)
-        self.apply(stored, change, now)
-
-    def _save(self, stored: StoredIncident, inc: Incident, reopening: bool = False) -> None:
-        self.ledger.save(stored, inc, reopening)
 
     def _audit(self, incident: str | None, who: str, what: str, why: str = "", result: str = "",
                action: int | None = None, now: float | None = None) -> None:
@@ -1026,92 +917,35 @@ class Daemon:
         """The lease token while this instance leads (None: a standby): every ledger write carries it."""
         return self.ledger.fence
 
-    @_fence.setter
-    def _fence(self, token: int | None) -> None:
-        self.ledger.fence = token
-
     @property
     def role(self) -> str:
-        return "leader" if self._fence is not None else "standby"
+        return self.leadership.role
+
+    @property
+    def lease(self) -> Lease | None:
+        return self.leadership.lease
 
     def _lead(self) -> bool:
-        """Take or renew the leader lease; True while this instance leads.
-
-        Every instance asks every turn; the holder renews, the others learn
-        who holds it.  A database that cannot be reached makes this instance
-        a standby until it can: it cannot prove it still leads.
-        """
-        was = self._fence
-        try:
-            lease = self.store.take_lease(LEADER, self.instance, self.config.daemon.lease_time)
-        except Exception as err:  # noqa: BLE001 - any database failure: not provably the leader
-            if was is not None:
-                log.warning("leader lease not renewed: standing by", instance=self.instance, error=str(err))
-            elif not self._store_down:
-                log.warning("state database unreachable: standing by until it answers", instance=self.instance,
-                            error=str(err))
-            self._store_down = True
-            self._fence = None
-            self.metrics.leader.set(0)
-            return False
-        if self._store_down:
-            log.info("state database reachable again", instance=self.instance)
-            self._store_down = False
-        # take_lease renews or takes it for this holder whenever it can, and
-        # otherwise returns another's unexpired lease: the holder alone says.
-        leading = lease.holder == self.instance
-        self.lease = lease
-        self._fence = lease.token if leading else None
-        self.metrics.leader.set(1 if leading else 0)
-        try:
-            self.store.heartbeat(self.instance, self.role, __version__, self.started)
-        except Exception as err:  # noqa: BLE001 - only `artemis status` misses this turn
-            log.warning("heartbeat not recorded", error=str(err))
-        if self._fence != was:
-            if leading:
-                log.info("leading", instance=self.instance, token=lease.token)
-                self._audit(None, "daemon", "leader lease taken", f"instance {self.instance}", f"token {lease.token}")
-            else:
-                log.info("standing by", instance=self.instance, leader=lease.holder, token=lease.token)
-        return leading
+        return self.leadership.lead()
 
     def step_down(self) -> None:
-        """A clean stop: give the lease up so a standby need not wait it out."""
+        """A clean stop: the analysed mark written, the lease given up so a standby need not wait it out."""
         if self._fence is not None:
             try:
                 self._mark_analysed()  # the next leader need not analyse this one's last batches again
             except Exception as err:  # noqa: BLE001 - it analyses them again, publishing nothing new
                 log.warning("analysed mark not written", error=str(err))
-            try:
-                self.store.release_lease(LEADER, self.instance)
-            except Exception as err:  # noqa: BLE001 - the lease expires on its own
-                log.warning("leader lease not released", error=str(err))
-            self._fence = None
+        self.leadership.give_up()
 
     async def keep_lease(self, stop: asyncio.Event) -> None:
-        """While leading, renew the lease every LeaseTime/3 between turns too.
-
-        A turn waits for its Slurm calls (threads, each up to SlurmTimeout,
-        which may be longer than LeaseTime): renewed only once per turn, the
-        lease of a leader waiting on a slow scontrol would run out and a
-        standby would start the same action again.  This task only renews
-        while leading; taking the lease over is the turn's, which first
-        follows the records another leader stored.
-        """
-        interval = max(0.2, self.config.daemon.lease_time / 3)
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
-            if self._fence is not None and not stop.is_set():
-                self._lead()
+        """While leading, renew the lease between turns too (``Leadership.keep``)."""
+        await self.leadership.keep(stop)
 
     async def run_once(self) -> None:
         """One turn: as the leader, decide what confirmed incidents get, run due actions,
         verify, close recovered ones; as a standby, follow the records the leader analysed (``follow``)."""
         if not self._lead():
-            if not self._store_down:  # an unreachable database was logged once by _lead
+            if not self.leadership.store_down:  # an unreachable database was logged once by _lead
                 self.follow()
                 self._update_gauges()
             return
@@ -1124,25 +958,14 @@ class Daemon:
             # Deposed between renewing and writing: another instance leads now
             # and resumes from the intents; this one writes nothing more.
             log.warning("deposed: standing by", instance=self.instance, error=str(err))
-            self._fence = None
-            self.metrics.leader.set(0)
+            self.leadership.stand_by()
 
     async def _lead_once(self) -> None:
         now = self.clock()
         if len(self._probes):
             self._issue_probes(now, retry=True)  # requests the rate limit held back: it may let one out by now
         await self._end_jobs_heard_of(now)  # before deciding: nothing is decided for a job that ended
-        for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
-            await self._decide(stored, now)
-        for row in self.store.due_actions(now):
-            await self._run_action(row)
-        for stored in self.store.incidents(states=[S.VERIFYING]):
-            self._verify(stored, now)
-        analyzer_ids = {daemon_id: analyzer_id for analyzer_id, daemon_id in self._bound.items()}
-        for stored in self.store.incidents(states=[S.CONFIRMED, S.ESCALATED, S.UNRESOLVED]):
-            if stored.id in analyzer_ids and not _closed(stored) \
-                    and not self.analyzer.subject_active(analyzer_ids[stored.id]):
-                self._close_recovered(stored, now)
+        await self.acting.turn(now)
         await self._forget_quiet_ended(now)
         self._update_gauges()
 
@@ -1217,22 +1040,12 @@ class Daemon:
         """Slurm says the job ended (``info``; None: it no longer knows it): its open incidents end
         with it, and it is forgotten (True), or its windows stay ``EndedJobHistory`` for a person
         paged about one of them."""
-        self._end_incidents(job, info, now)
-        if self._forget_if_closed(job):
+        self.acting.end_incidents(job, info, now)
+        if self._forget_ifclosed(job):
             return True
         seen = self.store.job_last_seen(job)
         self._ended_open[job] = (seen, seen if seen is not None else now)
         return False
-
-    def _end_incidents(self, job: str, info: JobInfo | None, now: float) -> None:
-        """Each incident of an ended job still open gets its end state (``decide.after_job_end``), a
-        record of it (``ended_with_job``) and an audit line; a person paged about it gets one mail.
-        What the store says is all there is to it, so a restart neither closes nor mails twice."""
-        job_state = info.state if info is not None else None
-        for stored in self.store.incidents(job=job):
-            if not _closed(stored):
-                self.apply(stored, reconcile.on_job_end(Incident.model_validate(stored.body),
-                                                        self.store.actions_of(stored.id), job, job_state, now), now)
 
     def _release_history(self, job: str, quiet_s: float) -> None:
         """An ended job whose incidents stayed open (held, escalated, unresolved: waiting for a
@@ -1253,364 +1066,19 @@ class Daemon:
 
     # --- decide ------------------------------------------------------------------------
 
-    async def _decide(self, stored: StoredIncident, now: float) -> None:
-        """Gather the facts, let ``decide.plan`` decide, apply the plan and record why."""
-        # Ask Slurm first; then re-read the incident, which ingest may have updated meanwhile.
-        # Slurm unreachable: the decision waits for the next turn (policy needs the partition).
-        try:
-            info = await self.job_info(stored.job, strict=True)
-            partition = info.partition if info else self.store.job_partition(stored.job)
-            nodes = await self._nodes_of(partition)
-        except SlurmError as err:
-            log.warning("decision postponed: Slurm unreachable", incident=stored.id, error=str(err))
-            return
-        fresh = self.store.incident(stored.id)
-        if fresh is None or not fresh.decide:
-            return
-        stored = fresh
-        inc = Incident.model_validate(stored.body)
-        facts = self._facts(stored, inc, partition, nodes, now, info)
-        step = split_run(stored.step or "0")[0]
-        plan = decide.plan(inc, stored.plan_step, self.config, facts, step)
-        self.apply(stored, reconcile.on_plan(inc, plan, self.store.actions_of(stored.id), stored.id in self._held),
-                    now)
-
-    def _facts(self, stored: StoredIncident, inc: Incident, partition: str | None,
-               nodes: tuple[NodeInfo, ...], now: float, info: JobInfo | None = None) -> decide.Facts:
-        """What the decision needs, read from the store, the analyzer and Slurm (``nodes``, read just now)."""
-        evidence = self.store.node_evidence(inc.node) if inc.node else None
-        targets = {t for t in (inc.node, inc.link, inc.job, f"{inc.job}:{inc.rank}") if t}
-        last = {t: when for t in targets if (when := self.store.last_action_on(t, inc.id)) is not None}
-        series = self.analyzer.throughput(inc.job, self._run_key(inc.job, stored.step or "0"))
-        return decide.Facts(
-            now=now, partition=partition, nodes=nodes,
-            drains=self._drains(), last_action=last, rebalance_opt_in=inc.job in self._rebalance_opt_in,
-            node_evidence=evidence, gpu=self._gpu_of(inc),
-            awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
-            opened_at=stored.created,
-            measured_loss_pct=verify.incident_loss(stored.baseline, series, inc.onset_window, bool(inc.recurrences)),
-            gpus=self._world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None,
-            unlimited=info is not None and info.unlimited)
-
-    def _drains(self) -> tuple[policy.DrainRecord, ...]:
-        return tuple(policy.DrainRecord(*row) for row in self.store.drain_actions())
-
-    def _gpu_of(self, inc: Incident) -> int | None:
-        return self._last_report.get(inc.job, {}).get(inc.rank, (None, None, None))[2] if inc.rank is not None else None
-
-    def _awaiting_probe(self, stored: StoredIncident, now: float) -> bool:
-        """A matched probe was issued for this incident and has neither answered nor expired.
-
-        A job-wide slowdown has no suspect to name until the probes time the
-        links: deciding before they answer sends an escalation that says
-        "unknown job" and is stale seconds later.
-        """
-        due = self._probe_due.get(stored.analyzer_id or "")
-        if due is None or now >= due or not self.analyzer.probe_outstanding(stored.analyzer_id or ""):
-            self._probe_due.pop(stored.analyzer_id or "", None)
-            return False
-        return True
-
-    async def _nodes_of(self, partition: str | None) -> tuple[NodeInfo, ...]:
-        """The partition's nodes and states, read from Slurm now (raises SlurmError): budgets
-        must see a person's ``scontrol update State=RESUME`` at once, so this is never cached."""
-        if not partition:
-            return ()
-        try:
-            return await asyncio.to_thread(self.slurm.partition_nodes, partition)
-        except SlurmError:
-            self.metrics.backend_errors.labels("slurm").inc()
-            raise
-
     # --- actions ------------------------------------------------------------------------------
-
-    async def _run_action(self, row: ActionRow) -> None:
-        stored = self.store.incident(row.incident)
-        if stored is None:
-            self.ledger.update_action(row.id, "failed", "incident vanished")
-            return
-        now = self.clock()
-        if row.kind not in actions.TELL and not self.config.daemon.enabled:
-            self.ledger.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
-            self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
-            await self._after_action(row, Outcome("skipped", "kill switch"), now)
-            return
-        if row.kind == "correct" and row.status == "running":
-            await self._check_correction(row, now)
-            return
-        # Intent first: a crash after this line re-runs the action through the idempotent path.
-        self.ledger.update_action(row.id, "running", row.detail, attempt=True)
-        try:
-            outcome = await self._perform(row, stored, now)
-        except (SlurmError, mail.MailError) as err:
-            backend = "smtp" if isinstance(err, mail.MailError) else "slurm"
-            self.metrics.backend_errors.labels(backend).inc()
-            permanent = isinstance(err, SlurmError) and not err.transient
-            if permanent:
-                outcome = Outcome("failed", str(err))
-            else:
-                delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
-                self.ledger.update_action(row.id, "running", str(err), next_try=now + delay)
-                self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
-                            f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
-                self.metrics.actions.labels(row.kind, "retry").inc()
-                return
-        if outcome.status == "waiting":
-            return
-        self.ledger.update_action(row.id, outcome.status, outcome.detail)
-        self.metrics.actions.labels(row.kind, outcome.status).inc()
-        self._audit(row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}",
-                    action=row.id)
-        await self._after_action(row, outcome, now)
-
-    async def _perform(self, row: ActionRow, stored: StoredIncident, now: float) -> Outcome:
-        p = row.params
-        if row.kind == "drain":
-            return await asyncio.to_thread(self.actuator.drain, p["node"], p["reason"])
-        if row.kind == "requeue":
-            return await asyncio.to_thread(self.actuator.requeue_excluding, p["job"], p["node"])
-        if row.kind == "constrain":
-            return await asyncio.to_thread(self.actuator.constrain, p["job"], p["feature"])
-        if row.kind == "undrain":
-            return await asyncio.to_thread(self.actuator.undrain, p["node"], row.incident)
-        if row.kind == "rebalance":
-            directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
-                         "job": p["job"], "step": p["step"], "shares": p["shares"]}
-            self._add_directive(directive["id"], "rebalance", p["job"], p["step"], row.incident,
-                                directive, now, None)
-            return Outcome("done", f"{directive['id']} shares {p['shares']}")
-        if row.kind == "correct":
-            cid = self.store.next_id("correction", "COR-")
-            self.store.add_correction(cid, row.incident, p["node"], p["kind"], p.get("gpu"), now)
-            self.ledger.set_action_params(row.id, {**p, "correction": cid, "queued_at": now})
-            self._audit(row.incident, "daemon", f"correction {cid} queued", f"{p['kind']} on {p['node']}",
-                        action=row.id)
-            return Outcome("waiting", cid)  # the node check reports back (correction_result)
-        if row.kind in actions.TELL:
-            return await self._escalate(row)
-        return Outcome("failed", f"unknown action kind {row.kind}")
-
-    async def _escalate(self, row: ActionRow) -> Outcome:
-        p = dict(row.params)
-        details = []
-        if not p.get("comment_done"):
-            if self.config.daemon.enabled:
-                out = await asyncio.to_thread(self.actuator.comment, p["job"], row.incident, p["comment"])
-                details.append(f"AdminComment: {out.detail}")
-            else:
-                details.append("AdminComment not set: Enabled=no")
-            p["comment_done"] = True
-            self.ledger.set_action_params(row.id, p)
-        if not p.get("mail_done"):
-            sent = await asyncio.to_thread(mail.send, self.config.mail, p["subject"], p["text"],
-                                           f"artemis.{row.incident}.{row.id}")
-            details.append("mail sent" if sent else "no mail relay/recipients configured")
-            p["mail_done"] = True
-            self.ledger.set_action_params(row.id, p)
-        return Outcome("done", "; ".join(details) or "already escalated")
-
-    async def _check_correction(self, row: ActionRow, now: float) -> None:
-        cid = row.params.get("correction")
-        if cid is None:  # crashed between intent and queueing: queue it now
-            self.ledger.update_action(row.id, "queued", row.detail)
-            return
-        queued_at = row.params.get("queued_at", now)
-        if now - queued_at > CORRECTION_TIMEOUT_S and (self.store.correction(cid) or {}).get("status") == "pending":
-            self.store.set_correction(cid, "expired", "no node check picked it up")
-            await self.correction_result(cid, "failed",
-                                         f"no node check applied it within {CORRECTION_TIMEOUT_S:.0f} s", "daemon")
-
-    async def correction_result(self, correction_id: str, status: str, detail: str, who: str) -> bool:
-        """The node check applied (or failed to apply) a correction; the action completes."""
-        cor = self.store.correction(correction_id)
-        if cor is None:
-            return False
-        self.store.set_correction(correction_id, status, detail)
-        self._audit(cor["incident"], who, f"correction {correction_id} {status}", cor["kind"], detail)
-        for row in self.store.actions_of(cor["incident"]):
-            if row.kind == "correct" and row.params.get("correction") == correction_id and row.status == "running":
-                outcome = Outcome("done" if status == "done" else "failed", detail)
-                self.ledger.update_action(row.id, outcome.status, detail)
-                self.metrics.actions.labels("correct", outcome.status).inc()
-                await self._after_action(row, outcome, self.clock())
-        return True
-
-    async def _after_action(self, row: ActionRow, outcome: Outcome, now: float) -> None:
-        # Slurm first (it awaits), then the incident as it is now.
-        info = await self.job_info(row.params.get("job") or "", fresh=True) if row.kind in ("drain", "requeue") else None
-        stored = self.store.incident(row.incident)
-        if stored is None:
-            return
-        inc = Incident.model_validate(stored.body)
-        pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
-        # A done drain's requeue is priced on the decision's facts; nothing else after an action reads them.
-        facts = self._facts(stored, inc, info.partition if info else None, (), now, info) \
-            if row.kind == "drain" and outcome.status == "done" else decide.Facts(now=now)
-        action_window = self._last_window(inc, stored)
-        change = reconcile.after_action(inc, row, outcome.status, self.store.actions_of(stored.id), pol, facts,
-                                        self._throughput(stored, inc, action_window))
-        if change.acted:
-            stored.action_window = action_window
-        self.apply(stored, change, now)
-
-    def _throughput(self, stored: StoredIncident, inc: Incident, action_window: int | None = None
-                    ) -> reconcile.Throughput:
-        """The healthy throughput and the slowed one, from the onset to the action, of the run the fault
-        was seen in (``reconcile.slowed_result`` freezes them once)."""
-        series = self.analyzer.throughput(inc.job, stored.step or "0")
-        window = action_window if action_window is not None else stored.action_window
-        return stored.baseline, verify.during(series, inc.onset_window, window)
-
-    def apply(self, stored: StoredIncident, change: reconcile.Change, now: float) -> None:
-        """Carry a ``reconcile.Change`` out: the action rows, messages to people and audit lines first,
-        then the incident that refers to them.  Intent first: a crash between the two decides or closes
-        the incident again after the restart, which may say a thing twice (an escalation's "update:", a
-        job-end notice finds its own and is not queued again) but never loses one."""
-        inc = change.incident
-        if change.decide is not None:
-            stored.decide = change.decide
-        if change.plan_step is not None:
-            stored.plan_step = change.plan_step
-        for marks, mark in ((self._held, change.held), (self._not_back, change.not_back)):
-            if mark:
-                marks.add(stored.id)
-            elif mark is False:
-                marks.discard(stored.id)
-        if change.reopened:
-            stored.action_window = None
-        for effect in change.effects:
-            if isinstance(effect, reconcile.Note):
-                self._audit(inc.id, effect.who, effect.what, effect.why, effect.result, action=effect.action,
-                            now=now)
-            elif isinstance(effect, reconcile.Queue):
-                self.ledger.add_action(inc.id, effect.kind, effect.target, dict(effect.params), effect.status, now)
-            elif isinstance(effect, reconcile.Move):
-                self.ledger.update_action(effect.action_id, effect.status, effect.detail)
-            elif isinstance(effect, reconcile.Approved):
-                row = self.store.action(effect.action_id)
-                if row is not None:
-                    self.ledger.set_action_params(row.id, {**row.params, "approved_by": effect.who,
-                                                           "approved_at": effect.at})
-            elif isinstance(effect, reconcile.ResetShares):
-                directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
-                             "job": effect.job, "step": effect.step, "shares": {}}
-                self._add_directive(directive["id"], "rebalance", effect.job, effect.step, inc.id, directive, now,
-                                    None)
-                self.ledger.update_action(effect.action_id, "rolled_back", f"reset by {directive['id']}")
-                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", effect.why, now=now)
-            elif effect.kind == "escalate" and self.config.daemon.dry_run:
-                self._audit(inc.id, "daemon", "dry-run: would escalate", effect.headline, now=now)
-            else:
-                self.ledger.add_action(inc.id, effect.kind, inc.job, effect.message.params(inc.job), "queued", now)
-        if change.saved:
-            self._save(stored, inc, change.reopened)
-
-    def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
-        """The newest window the job had begun before the action was done: verification starts after it.
-
-        Not the newest *analysed* window: that can lag the job by the windows
-        whose slowed rank has not reported yet, and those ran under the fault.
-        """
-        step = stored.step or "0"
-        series = self.analyzer.throughput(inc.job, step)
-        analysed = series[-1][0] if series else None
-        newest = self.analyzer.newest_window(inc.job, step)
-        return max((w for w in (analysed, newest) if w is not None), default=None)
 
     # --- verify ---------------------------------------------------------------------------------
 
-    def _verify(self, stored: StoredIncident, now: float) -> None:
-        """Gather the windows and the nodes' evidence, let ``verify.verdict`` judge, apply it."""
-        inc = Incident.model_validate(stored.body)
-        rows = self.store.actions_of(inc.id)
-        done = [(row.id, row.kind, row.target) for row in rows if row.status == "done"]
-        still = {target: self._fault_still_shown(inc, target) for _, kind, target in done
-                 if kind == "drain" and target}
-        verdict = verify.verdict(inc.kind.value, inc.cause.value, self._evidence(stored, inc),
-                                 verify.Rules.of(self.config.daemon), now, VERIFY_SILENCE_S, done, still, job=inc.job)
-        self.apply(stored, reconcile.on_verdict(inc, verdict, rows, self._throughput(stored, inc),
-                                                 self.config.daemon.dry_run), now)
-
-    def _evidence(self, stored: StoredIncident, inc: Incident) -> verify.Evidence:
-        """The windows verification reads: the run the fault was seen in, and the run being judged."""
-        origin = stored.step or "0"
-        current = self._run_key(inc.job, origin)
-        origin_shapes = self.analyzer.window_shapes(inc.job, origin)
-        return verify.Evidence(stored.baseline, origin_shapes,
-                               origin_shapes if current == origin else self.analyzer.window_shapes(inc.job, current),
-                               current != origin, inc.onset_window, stored.action_window,
-                               self.store.job_last_seen(inc.job))
-
-    def _fault_still_shown(self, inc: Incident, node: str | None) -> str | None:
-        """What the node's latest root-side evidence still shows of the incident's cause (None: nothing)."""
-        evidence = self.store.node_evidence(node) if node else None
-        if evidence is None:
-            return None
-        seen = policy.root_side_shows(inc.cause, evidence[1], self._gpu_of(inc))
-        if seen is None:
-            return None
-        return (f"its latest root-side evidence ({self.clock() - evidence[0]:.0f} s old) still shows {seen}; "
-                f"not resumed")
-
-    def _close_recovered(self, stored: StoredIncident, now: float) -> None:
-        """The analyzer saw the subject healthy again: close it once the job's throughput agrees
-        (``reconcile.on_recovered``), judged on the job's latest ``VerifyWindows`` windows as a
-        verification would judge them."""
-        rows = self.store.actions_of(stored.id)
-        if any(r.status in actions.IN_FLIGHT and r.kind not in actions.TELL for r in rows):
-            return
-        inc = Incident.model_validate(stored.body)
-        verdict = None
-        if stored.baseline is not None:
-            rules = verify.Rules.of(self.config.daemon)
-            since = verify.latest_since(self.analyzer.window_shapes(inc.job, self._run_key(inc.job, stored.step or "0")),
-                                        rules)
-            if since is None:
-                return
-            verdict = verify.measure(inc.kind.value, inc.cause.value, self._evidence(stored, inc), rules, since=since)
-        self.apply(stored, reconcile.on_recovered(inc, verdict, rows, stored.id in self._not_back,
-                                                   self._throughput(stored, inc), self.config.daemon.dry_run), now)
-
     # --- people ------------------------------------------------------------------------------------
 
+    # --- people and node checks (the HTTP layer's) -----------------------------------------------------
+
     async def approve(self, incident_id: str, principal: Principal, approve: bool) -> dict[str, Any]:
-        """A person's decision on the action waiting for approval.
+        """A person's decision on the action waiting for approval (``Acting.approve``)."""
+        return await self.acting.approve(incident_id, principal, approve)
 
-        Approving a drain re-checks the partition's drain budget against Slurm
-        first; beyond it the approval is refused (``ValueError`` naming the
-        budget) and the drain keeps waiting.  Slurm unreachable: refused too.
-        """
-        stored = self.store.incident(incident_id)
-        if stored is None:
-            raise KeyError(incident_id)
-        pending = [r for r in self.store.actions_of(incident_id) if r.status == "pending_approval"]
-        if not pending:
-            raise ValueError(f"{incident_id} has no action waiting for approval")
-        row = pending[-1]
-        if approve and row.kind == "drain":
-            await self._approval_budget(stored, row, principal)
-            # The Slurm reads awaited: re-read what a concurrent request may have changed.
-            stored = self.store.incident(incident_id)
-            if stored is None or not any(r.id == row.id and r.status == "pending_approval"
-                                         for r in self.store.actions_of(incident_id)):
-                raise ValueError(f"{incident_id} has no action waiting for approval")
-        now = self.clock()
-        change = reconcile.on_approval(Incident.model_validate(stored.body), row, principal.who, approve, now)
-        self.apply(stored, change, now)
-        return change.incident.contract_dict()
+    async def correction_result(self, correction_id: str, status: str, detail: str, who: str) -> bool:
+        """The node check applied (or failed to apply) a correction (``Acting.correction_result``)."""
+        return await self.acting.correction_result(correction_id, status, detail, who)
 
-    async def _approval_budget(self, stored: StoredIncident, row: ActionRow, principal: Principal) -> None:
-        try:
-            info = await self.job_info(stored.job, strict=True)
-            partition = info.partition if info else self.store.job_partition(stored.job)
-            nodes = await self._nodes_of(partition)
-        except SlurmError as err:
-            raise ValueError(f"cannot check the drain budget, Slurm is unreachable ({err}): "
-                             f"{row.kind} {row.target} still waits for approval") from None
-        # The budget is all an approval re-checks: Slurm's nodes and Artemis' drains.
-        budget = decide.Facts(now=self.clock(), partition=partition, nodes=nodes, drains=self._drains())
-        ok, why = decide.drain_budget(self.config.policy_for(partition), budget, approving=row.id)
-        if not ok:
-            self._audit(stored.id, principal.who, f"approval of {row.kind} {row.target} refused", why,
-                        action=row.id)
-            raise ValueError(f"approval refused: {why}; {row.kind} {row.target} still waits for approval")

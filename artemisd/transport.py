@@ -40,7 +40,6 @@ import json
 import resource
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web

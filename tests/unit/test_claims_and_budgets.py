@@ -299,8 +299,9 @@ def test_rolled_back_drains_keep_counting_for_the_hour(tmp_path):
             # What verify does when throughput did not come back and the node no longer shows the fault.
             undo = verify.Undo(row["id"], "drain", first["node"], True, "no recovery")
             rows = h.daemon.store.actions_of(first["id"])
-            h.daemon.apply(stored, reconcile.Change(Incident.model_validate(stored.body),
-                                                    reconcile.rollbacks([undo], rows), saved=False), h.clock.now)
+            h.daemon.acting.apply(stored, reconcile.Change(Incident.model_validate(stored.body),
+                                                           reconcile.rollbacks([undo], rows), saved=False),
+                                  h.clock.now)
             await h.daemon.run_once()  # the undrain
             assert drained(slurm) == []
             ok, why = drain_budget(h, h.daemon.config.policy_for("gpu"), slurm.partition_nodes("gpu"))

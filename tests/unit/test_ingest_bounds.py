@@ -175,7 +175,7 @@ def test_finding1_per_job_state_is_bounded_whatever_the_reports_say(tmp_path):
             states = [s for (job, _), s in srv.daemon.analyzer._jobs.items() if job == JOB]
             assert len(states) <= MAX_STEPS_PER_JOB
             assert all(len(s.buffers) <= MAX_OPEN_WINDOWS + 1 for s in states)
-            assert len([k for k in srv.daemon._runs if k[0] == JOB]) <= MAX_STEPS_PER_JOB
+            assert len([k for k in srv.daemon.memory.runs if k[0] == JOB]) <= MAX_STEPS_PER_JOB
     asyncio.run(scenario())
 
 

@@ -247,14 +247,14 @@ def test_a_restarted_daemon_neither_closes_nor_mails_twice(tmp_path, smtp, monke
         async with Harness(tmp_path, mailing(relay), slurm, clock) as h:
             await escalated(h, box)
             slurm_says(h, "COMPLETED")
-            saved = h.daemon._save
+            saved = h.daemon.acting._save
 
             def dies_closing(stored, inc: Incident, reopening: bool = False):
                 if inc.ended_with_job is not None:
                     raise Killed
                 saved(stored, inc, reopening)
 
-            monkeypatch.setattr(h.daemon, "_save", dies_closing)
+            monkeypatch.setattr(h.daemon.acting, "_save", dies_closing)
             with pytest.raises(Killed):
                 await job_end(h)
 

@@ -509,7 +509,7 @@ def test_job_end_forgets_history_only_when_its_incidents_are_closed(tmp_path):
             assert rows["100"] > 0  # its incident is still open: kept for restart
             # ... and in memory: a daemon that runs for months must not hold every job it has seen
             assert h.daemon.analyzer.jobs() == {"100"}
-            assert not [job for job, _ in h.daemon._runs if job == "200"]
+            assert not [job for job, _ in h.daemon.memory.runs if job == "200"]
     run(scenario)
 
 
@@ -579,7 +579,7 @@ def test_an_ended_jobs_history_stays_for_the_person_paged_then_goes(tmp_path):
             h.clock.now += 86_400
             await h.daemon.run_once()
             assert h.daemon.analyzer.jobs() == set() and h.daemon.store.window_records("100") == []
-            assert not [job for job, _ in h.daemon._runs if job == "100"]
+            assert not [job for job, _ in h.daemon.memory.runs if job == "100"]
             [after] = await h.incidents()
             assert after["state"] == "unresolved" and after["ended_with_job"]["state_before"] == before["state"]
             assert {k: v for k, v in after.items() if k not in ("state", "ended_with_job")} == \
