@@ -36,11 +36,12 @@ from typing import Any
 import structlog
 
 from artemisd import ingest
-from artemisd.acting import Acting, closed
+from artemisd.acting import Acting
 from artemisd.auth import Principal
 from artemisd.config import Config
 from artemisd.ingest import IngestResult
 from artemisd.incident import Incident, IncidentState
+from artemisd.job_ends import JobEnds
 from artemisd.job_memory import JobMemory
 from artemisd.jobs import OWN, JobLookups
 from artemisd.leadership import Leadership
@@ -71,32 +72,10 @@ MARK_EVERY_S = 1.0
 # reply).  Its own new directives are seen at once; another instance's within this time.
 DIRECTIVES_FRESH_S = 1.0
 DIRECTIVES_HELD = 4096  # job steps whose last read is held; beyond, all are read again
-# A job whose end never reached the daemon (no epilog installed, or its job_end lost with its node):
-# once it has sent nothing this long, the leader asks Slurm, every QUIET_SWEEP_S and at most
-# QUIET_ASKED_PER_SWEEP jobs each time, and forgets it as a job_end would if Slurm says it ended.
-QUIET_S = 600.0
-QUIET_SWEEP_S = 300.0
-QUIET_ASKED_PER_SWEEP = 64
-# ... and stops asking once a sweep has taken this long: it runs in the leader's turn, and a slow
-# slurmctld must not hold decisions, actions and verification back (the next sweep goes on from there).
-QUIET_SWEEP_BUDGET_S = 2.0
-# A job's epilog says job_end while Slurm still has it COMPLETING (the epilogs of its nodes are
-# running): Slurm is asked again this often, for at most END_COMPLETING_S (a node stuck completing
-# is left to the quiet sweep), so its incidents end once it has ended, not ten minutes later.
-END_RECHECK_S = 2.0
-END_COMPLETING_S = 600.0
-# A job forgotten as ended whose windows still arrive within this long (a rank's last reports
-# delivered after its epilog's job_end): Slurm is asked about it again, so an incident those
-# windows opened ends with it and the job is forgotten again, rather than at the quiet sweep.
-LATE_AFTER_END_S = 120.0
 REPLAY_PAGE = 1024  # stored records decoded per fast-path call when restoring or following
 REPLAY_PIECE = 32  # a page the fast path refused is tried again in pieces this small
 
 log = structlog.get_logger("artemisd")
-
-
-def _told_at_job_end(stored: StoredIncident) -> bool:
-    return bool((stored.body.get("ended_with_job") or {}).get("person_told"))
 
 
 class Daemon:
@@ -127,23 +106,14 @@ class Daemon:
         self._fed_own: set[int] = set()
         self._marked = 0  # the analysed_through this instance last read or wrote
         self._marked_at = -math.inf  # time.monotonic() of this instance's last write of it
-        self._quiet_swept = -math.inf  # self.clock() of the last _forget_quiet_ended
-        self._quiet_last_asked = ""  # the job that sweep asked Slurm about last: the next starts after it
-        # Jobs Slurm said had ended while one of their incidents was open: job -> (its last-seen time
-        # then, when its EndedJobHistory runs from).  Not asked again while their last-seen holds.
-        self._ended_open: dict[str, tuple[float | None, float]] = {}
-        # Jobs whose epilog said job_end while an incident of theirs was open: the leader's next turn
-        # asks Slurm whether they ended (a requeued job's epilog says job_end too).  job -> (when it
-        # was heard, when Slurm is to be asked next): a job still completing is asked again.
-        self._end_heard: dict[str, tuple[float, float]] = {}
-        # Jobs forgotten as ended: job -> when (``LATE_AFTER_END_S``).
-        self._forgotten_ended: dict[str, float] = {}
         # (job, step) -> (time.monotonic(), self.clock() of the read, its directives): ``_directives``.
         self._directives_read: dict[tuple[str, str], tuple[float, float, list[dict[str, Any]]]] = {}
         self._logged_failures: set[tuple[str, str]] = set()
         self.restore_skipped = 0
         self.acting = Acting(config, self.store, self.ledger, self.analyzer, slurm, self.metrics, self.memory,
                              self.clock, self.job_info, self._add_directive, self._bound, self._probe_due)
+        self.ends = JobEnds(self.store, self.clock, self.job_info, self.acting.end_incidents, self._forget_in_memory,
+                            self.analyzer.jobs, lambda: self.config.daemon.ended_job_history)
         self.restore()
         if self._lead():  # a lone instance leads from its first request, not from its first turn
             # ... with what it stored and had not marked analysed before it stopped
@@ -656,7 +626,7 @@ class Daemon:
         for stage, step_fn in (("issuing probes for", lambda: probes and self._issue_probes(now)),
                                ("pruning the history of", lambda: self._prune(pruned)),
                                ("forgetting the ended jobs of",
-                                lambda: self._forget_ended(ended, pruned if probes else [], now))):
+                                lambda: self.ends.heard_from_epilogs(ended, pruned if probes else [], now))):
             try:
                 step_fn()
             except Exception as err:  # noqa: BLE001 - logged once per kind; the reply stands
@@ -754,57 +724,8 @@ class Daemon:
                 self._audit(stored.id, "daemon", "job restarted",
                             f"windows of {job} now counted as {new_key}; verified once back in steady state")
 
-    def _forget_ended(self, ended: list[WindowReport | NodeEvent], analysed: list[WindowReport | NodeEvent],
-                      now: float) -> None:
-        """A job's epilog said it ended and none of its incidents is open: its window history goes.
-
-        A requeued job's epilog also says job_end, so one with an incident open is
-        only heard of here: the leader's turn asks Slurm (``_end_jobs_heard_of``),
-        and its incidents end with it only if Slurm says it ended; a requeued
-        job's stay open, with its history (and the analyzer's restart from it).
-        """
-        for job in {r.job for r in ended if type(r) is NodeEvent and r.event == "job_end" and r.job}:
-            if not self._forget_ifclosed(job):
-                self._hear_end(job, now)
-        self._late_after_end(analysed, now)
-
-    def _hear_end(self, job: str, now: float) -> None:
-        heard = self._end_heard.get(job)
-        self._end_heard[job] = (heard[0] if heard else now, now)
-
-    def _late_after_end(self, kept: list[WindowReport | NodeEvent], now: float) -> None:
-        """Windows of a job forgotten as ended, arriving after its job_end (each node's epilog runs
-        once its ranks exited, while their last reports may still be on their way): the analysis
-        holds the job again, and may open a suspect on them; Slurm is asked about it again."""
-        while self._forgotten_ended:  # in the order they were forgotten
-            job, at = next(iter(self._forgotten_ended.items()))
-            if now - at <= LATE_AFTER_END_S:
-                break
-            del self._forgotten_ended[job]
-        if not self._forgotten_ended:  # the usual case: no pass over the request's records
-            return
-        for job in {r.job for r in kept if r.type == "window" and r.job in self._forgotten_ended}:
-            self._hear_end(job, now)
-
-    def _forget_ifclosed(self, job: str) -> bool:
-        """An ended job whose incidents are all closed leaves the store and memory; False: one is open,
-        or one ended with the job after a person was paged about it (its windows stay for that
-        person's ``artemis show --plot``, ``EndedJobHistory``, as ``_release_history`` says)."""
-        incidents = self.store.incidents(job=job)
-        if not all(closed(i) for i in incidents) or any(_told_at_job_end(i) for i in incidents):
-            return False
-        self._forget_job(job)
-        return True
-
-    def _forget_job(self, job: str) -> None:
-        """An ended job leaves the store and this instance's memory (a standby's, once the mark moves)."""
-        self.store.forget_job(job)
-        self._forget_in_memory(job)
-        self._forgotten_ended.pop(job, None)
-        self._forgotten_ended[job] = self.clock()
-
     def _forget_what_the_leader_forgot(self) -> None:
-        """A standby: the jobs the leader forgot (``_forget_ended``) leave its memory too.  It cannot
+        """A standby: the jobs the leader forgot (``JobEnds.heard_from_epilogs``) leave its memory too.  It cannot
         read their ends for itself: the leader's ``forget_job`` takes the job's end with its records,
         often before the standby reads that far.  A job it holds has records stored until then."""
         held = self.analyzer.jobs()
@@ -821,8 +742,7 @@ class Daemon:
         self.memory.forget(job)
         self.jobs.forget(job)
         self._probes.forget_job(job)
-        self._ended_open.pop(job, None)
-        self._end_heard.pop(job, None)
+        self.ends.drop(job)
         for key in [key for key in self._directives_read if key[0] == job]:
             del self._directives_read[key]
 
@@ -964,99 +884,10 @@ class Daemon:
         now = self.clock()
         if len(self._probes):
             self._issue_probes(now, retry=True)  # requests the rate limit held back: it may let one out by now
-        await self._end_jobs_heard_of(now)  # before deciding: nothing is decided for a job that ended
+        await self.ends.ask_heard(now)  # before deciding: nothing is decided for a job that ended
         await self.acting.turn(now)
-        await self._forget_quiet_ended(now)
+        await self.ends.sweep_quiet(now)
         self._update_gauges()
-
-    async def _forget_quiet_ended(self, now: float) -> None:
-        """Jobs that ended without their end reaching us leave the store and memory, as a job_end
-        would have them: a job held that has sent nothing for ``QUIET_S`` and that Slurm says has
-        finished (or no longer knows) has its open incidents end with it (``_ended``), then goes.
-        Slurm is the truth for a job's state; while it cannot be asked, nothing is closed or
-        forgotten.  Without this, a site without the epilog would hold every job it has seen (~1 kB
-        a rank) and its incidents open for ever."""
-        if now - self._quiet_swept < QUIET_SWEEP_S:
-            return
-        self._quiet_swept = now
-        held = sorted(self.analyzer.jobs())
-        # In turn from after the last one asked: a long list of quiet running jobs must not starve
-        # the ones after it.
-        start = next((i for i, job in enumerate(held) if job > self._quiet_last_asked), 0)
-        asked = 0
-        began = time.monotonic()
-        for job in held[start:] + held[:start]:
-            if asked >= QUIET_ASKED_PER_SWEEP or (asked and time.monotonic() - began >= QUIET_SWEEP_BUDGET_S):
-                break
-            seen = self.store.job_last_seen(job)
-            if seen is not None and now - seen < QUIET_S:
-                continue
-            ended = self._ended_open.get(job)
-            if ended is not None and ended[0] == seen:
-                # Slurm said it ended, and an incident of it was open: not asked again.  Its history
-                # stays for a person to look at, EndedJobHistory from its last word, then goes.
-                if now - ended[1] >= self.config.daemon.ended_job_history:
-                    self._release_history(job, now - ended[1])
-                continue
-            asked += 1
-            self._quiet_last_asked = job
-            try:
-                info = await self.job_info(job, fresh=True, strict=True, answered_now=True)
-            except SlurmError:
-                return  # Slurm cannot say: the next sweep asks again
-            if info is not None and not info.finished:  # pending, running, or being requeued
-                continue
-            if self._ended(job, info, now):
-                log.info("ended job forgotten", job=job, quiet_s=round(now - seen) if seen is not None else None,
-                         slurm_state=info.state if info is not None else "not known to Slurm")
-
-    async def _end_jobs_heard_of(self, now: float) -> None:
-        """The jobs whose epilog said job_end while an incident of theirs was open, or whose windows
-        came after they were forgotten as ended: Slurm says whether they ended.  A requeued job
-        (pending or running again) keeps its incidents open; one Slurm still has COMPLETING (its
-        epilogs run while it is) is asked again in ``END_RECHECK_S``; Slurm unreachable: asked again
-        next turn, nothing closed on a guess.  Like the quiet sweep, this stops at
-        ``QUIET_SWEEP_BUDGET_S`` and the next turn goes on."""
-        began = time.monotonic()
-        for job, (heard_at, ask_at) in sorted(self._end_heard.items()):
-            if now < ask_at:
-                continue
-            if time.monotonic() - began >= QUIET_SWEEP_BUDGET_S:
-                return
-            try:
-                info = await self.job_info(job, fresh=True, strict=True, answered_now=True)
-            except SlurmError:
-                return
-            if info is not None and info.state == "COMPLETING" and now - heard_at < END_COMPLETING_S:
-                self._end_heard[job] = (heard_at, now + END_RECHECK_S)  # ended or requeued: not yet known
-                continue
-            del self._end_heard[job]
-            if info is not None and not info.finished:
-                self._forgotten_ended.pop(job, None)  # requeued, running again: its windows are its own
-            elif self._ended(job, info, now):
-                log.info("ended job forgotten", job=job, slurm_state=info.state if info else "not known to Slurm")
-
-    def _ended(self, job: str, info: JobInfo | None, now: float) -> bool:
-        """Slurm says the job ended (``info``; None: it no longer knows it): its open incidents end
-        with it, and it is forgotten (True), or its windows stay ``EndedJobHistory`` for a person
-        paged about one of them."""
-        self.acting.end_incidents(job, info, now)
-        if self._forget_ifclosed(job):
-            return True
-        seen = self.store.job_last_seen(job)
-        self._ended_open[job] = (seen, seen if seen is not None else now)
-        return False
-
-    def _release_history(self, job: str, quiet_s: float) -> None:
-        """An ended job whose incidents stayed open (held, escalated, unresolved: waiting for a
-        person) lets its window history go after ``EndedJobHistory``, as a closed one does at once:
-        else every such job's history would stay in the store, in memory and in each restore for
-        ever.  Its incidents stay, with their numbers and evidence; only the windows behind their
-        plots go."""
-        incidents = [i.id for i in self.store.incidents(job=job)]
-        self._forget_job(job)
-        log.info("ended job's window history released; its incidents stay", job=job,
-                 quiet_s=round(quiet_s), incidents=incidents)
 
     def _update_gauges(self) -> None:
         counts: dict[str, int] = {s.value: 0 for s in S}

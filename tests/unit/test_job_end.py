@@ -14,7 +14,7 @@ import pytest
 
 from artemisd.decide import JobEnd, after_job_end
 from artemisd.incident import EndedWithJob, Incident, IncidentState
-from artemisd.service import END_RECHECK_S, QUIET_S, QUIET_SWEEP_S
+from artemisd.job_ends import END_RECHECK_S, QUIET_S, QUIET_SWEEP_S
 from artemisd.decide import CORROBORATION_WAIT_S
 from tests.unit.test_server import (HEALTHY, NODES, SLOW_BUSY, Clock, Harness, cluster, hot_gpu_confirmed, lockstep,
                                     mail_text, run, smtp)  # noqa: F401 - fixture
@@ -158,7 +158,7 @@ def test_a_requeued_job_keeps_its_incidents_though_its_epilog_said_job_end(tmp_p
     async def scenario(h: Harness, box) -> None:
         before = await escalated(h, box)
         assert await ends(h, "PENDING") == [before] and len(box.messages) == 1  # no second mail
-        assert h.daemon._end_heard == {}  # Slurm answered: not asked again each turn
+        assert h.daemon.ends.heard == {}  # Slurm answered: not asked again each turn
         assert h.daemon.store.window_records("100")  # ... and its history stays for its next run
     with_daemon(tmp_path, smtp, scenario)
 
@@ -178,7 +178,7 @@ def test_a_job_still_completing_when_its_epilog_says_job_end_is_asked_again_unti
         await h.daemon.run_once()  # ... but in END_RECHECK_S, not at the quiet sweep
         [ended] = await h.incidents()
         assert ended["state"] == "unresolved" and ended["ended_with_job"]["job_state"] == "COMPLETED"
-        assert h.daemon.analyzer.jobs() == set() and h.daemon._end_heard == {}
+        assert h.daemon.analyzer.jobs() == set() and h.daemon.ends.heard == {}
     with_daemon(tmp_path, smtp, scenario)
 
 

@@ -518,7 +518,7 @@ def test_a_job_whose_end_never_came_is_forgotten_once_slurm_says_it_ended(tmp_pa
     memory once Slurm says it ended, and only then; while Slurm cannot be asked, nothing goes."""
     from dataclasses import replace
 
-    from artemisd.service import QUIET_S, QUIET_SWEEP_S
+    from artemisd.job_ends import QUIET_S, QUIET_SWEEP_S
 
     async def scenario():
         slurm = cluster()
@@ -551,7 +551,7 @@ def test_an_ended_jobs_history_stays_for_the_person_paged_then_goes(tmp_path):
     from dataclasses import replace
 
     from artemisd.cli.admin import ClientError, plot_timeline
-    from artemisd.service import QUIET_S, QUIET_SWEEP_S
+    from artemisd.job_ends import QUIET_S, QUIET_SWEEP_S
 
     async def scenario():
         slurm = cluster()
@@ -596,9 +596,9 @@ def test_the_quiet_jobs_sweep_stops_at_its_time_budget_and_goes_on_in_turn(tmp_p
     spent (here at once: one job a sweep), and the next goes on from the job after the last asked."""
     from dataclasses import replace
 
-    import artemisd.service as service
+    import artemisd.job_ends as job_ends
 
-    monkeypatch.setattr(service, "QUIET_SWEEP_BUDGET_S", 0.0)
+    monkeypatch.setattr(job_ends, "QUIET_SWEEP_BUDGET_S", 0.0)
 
     async def scenario():
         slurm = cluster()
@@ -607,11 +607,11 @@ def test_the_quiet_jobs_sweep_stops_at_its_time_budget_and_goes_on_in_turn(tmp_p
                 slurm.add_job(job, 1000, tuple(f"n{i}" for i in range(4)))
                 await h.windows(range(0, 2), HEALTHY, job=job)
                 slurm.jobs[job] = replace(slurm.jobs[job], state="COMPLETED")
-            h.clock.now += service.QUIET_S + service.QUIET_SWEEP_S
+            h.clock.now += job_ends.QUIET_S + job_ends.QUIET_SWEEP_S
             await h.daemon.run_once()
             assert h.daemon.analyzer.jobs() == {"202", "203"}
             for left in ({"203"}, set()):
-                h.clock.now += service.QUIET_SWEEP_S
+                h.clock.now += job_ends.QUIET_SWEEP_S
                 await h.daemon.run_once()
                 assert h.daemon.analyzer.jobs() == left
     run(scenario)
