@@ -198,7 +198,7 @@ def single_window(window: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
 
     * **read**: body -> validated records (what ``POST /v1/reports`` does before Slurm's checks);
     * **read_store**: read + the rows ``Daemon.accept`` stores (one SQLite
-      transaction), without the analysis: this tree's rows from ``Daemon._rows``
+      transaction), without the analysis: this tree's rows from ``Intake._rows``
       (one batch row, the body as it came); an older tree's one row per report
       (each item's own text where its fast path kept it, else the record
       encoded again);
@@ -219,8 +219,9 @@ def single_window(window: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
             texts: list[str] = []
             records, _ = read(body, daemon, texts)
             now = daemon.clock()
-            if hasattr(daemon, "_rows"):
-                rows, _ = daemon._rows([(i, rec, True) for i, rec in records], len(records), body, now,
+            intake = getattr(daemon, "intake", daemon)  # ``Daemon.intake`` since issue 29; the daemon before
+            if hasattr(intake, "_rows"):
+                rows, _ = intake._rows([(i, rec, True) for i, rec in records], len(records), body, now,
                                        TRUSTED_LOCAL, IngestResult())
             else:
                 rows = [(rec.job, rec.window.seq, rec.node, now, 0, True,

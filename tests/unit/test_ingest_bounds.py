@@ -247,7 +247,7 @@ def test_a_record_that_fails_analysis_is_refused_alone_and_quarantined(tmp_path)
             # The batch's bookkeeping after analysis fails: the records stay accepted, no 5xx.
             def broken(now):
                 raise KeyError("injected")
-            srv.daemon.analyzer.ingest, srv.daemon._issue_probes = real, broken
+            srv.daemon.analyzer.ingest, srv.daemon.intake._issue_probes = real, broken
             status, reply = await srv.post(json.dumps(good(2)).encode())
             assert status == 200 and reply["accepted"] == 4 and reply["rejected"] == []
             metrics = await (await srv.client.get("/metrics")).text()

@@ -222,7 +222,7 @@ def test_a_standby_answers_with_the_steps_directives_and_counts_the_probe_result
         async with leader_and_standby(pg_server, tmp_path, "standby_replies") as (a, b, _):
             now = a.clock.now
             probe = {"type": "probe", "id": "PRB-40", "job": "100", "step": "0"}
-            a.daemon._add_directive("PRB-40", "probe", "100", "0", None, probe, now, now + 600)
+            a.daemon.intake.add_directive("PRB-40", "probe", "100", "0", None, probe, now, now + 600)
             await asyncio.sleep(1.1)  # past DIRECTIVES_FRESH_S: the standby may have read the step before
             [reply] = await b.windows(range(0, 1), HEALTHY)
             assert reply["accepted"] == len(HEALTHY) and reply["directives"] == [probe]

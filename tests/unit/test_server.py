@@ -402,7 +402,7 @@ def test_a_job_steps_directives_are_read_once_a_second_and_this_instances_own_at
     DIRECTIVES_FRESH_S per step (a node's ranks post within moments), except that a directive this
     instance writes is in its very next reply.  One another instance wrote arrives once that second
     has passed."""
-    from artemisd.service import DIRECTIVES_FRESH_S
+    from artemisd.intake import DIRECTIVES_FRESH_S
 
     async def scenario():
         async with Harness(tmp_path, "PartitionPolicy=gpu Auto=escalate\n", cluster(), Clock()) as h:
@@ -420,7 +420,7 @@ def test_a_job_steps_directives_are_read_once_a_second_and_this_instances_own_at
             assert (await h.post(window[:1]))["directives"] == [body]
 
             mine = {"type": "probe", "id": "PRB-y", "job": "100", "step": "0"}
-            h.daemon._add_directive("PRB-y", "probe", "100", "0", None, mine, h.clock.now, h.clock.now + 120)
+            h.daemon.intake.add_directive("PRB-y", "probe", "100", "0", None, mine, h.clock.now, h.clock.now + 120)
             assert (await h.post(window[:1]))["directives"] == [body, mine]
             assert len(reads) == 3
             h.clock.now += 121  # both expired: a clock past the read's second reads again
@@ -881,13 +881,13 @@ def test_one_requests_unforeseen_failure_refuses_its_own_records_not_its_groups(
     async def scenario():
         async with Harness(tmp_path, "", cluster(), Clock()) as h:
             root = Principal(uid=0, gid=0, root_side=True, admin=True)
-            real = h.daemon._rows
+            real = h.daemon.intake._rows
 
             def failing(kept, *rest):
                 if kept and kept[0][1].window.seq == 1:
                     raise KeyError("injected")
                 return real(kept, *rest)
-            h.daemon._rows = failing
+            h.daemon.intake._rows = failing
             subs = [Submission(fast_records(body(lockstep(seq, HEALTHY, nodes=NODES)), 100_000), root)
                     for seq in range(3)]
             replies = await asyncio.gather(*(h.client.app[GROUPS].accept(sub) for sub in subs))
