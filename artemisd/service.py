@@ -135,19 +135,8 @@ class Daemon:
         self._update_gauges()
 
     def follow(self) -> int:
-        """Feed the analyzer the records stored since the last turn; returns how many were fed.
-
-        Any instance stores the reports it is sent; only the leader analyses
-        them into incidents.  Every instance first takes, without publishing
-        anything, the records a leader has analysed already (up to
-        ``analysed_through``): a standby's analyzer then holds the same window
-        history and incidents as the leader's, so a takeover resumes every
-        incident at once (a verification included).  The leader then analyses
-        and publishes every record above that which it did not store itself
-        (other instances', or a dead leader's last ones), and moves the mark.
-        Rows commit in ``seq`` order (``add_records``), so "above the highest
-        seq fed" misses none.
-        """
+        """Feed the analyzer the records stored since the last turn (``Follower.follow``: every instance
+        takes what the leader analysed; the leader analyses the rest); returns how many were fed."""
         fed, skipped = self.follower.follow()
         self.restore_skipped += skipped
         return fed

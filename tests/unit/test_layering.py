@@ -19,7 +19,7 @@ def lint(tree: Path) -> subprocess.CompletedProcess:
 def test_the_pure_core_and_the_probe_keep_their_layers():
     run = lint(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 kept, 0 broken" in run.stdout, run.stdout
+    assert "4 kept, 0 broken" in run.stdout, run.stdout
 
 
 def test_a_forbidden_import_breaks_each_contract(tmp_path):
@@ -29,16 +29,20 @@ def test_a_forbidden_import_breaks_each_contract(tmp_path):
             shutil.copytree(source, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, tmp_path / part)
-    # An analysis stage reaching for the store, the simulated loop reaching into the daemon, and the
-    # probe reaching for the daemon's wire models: the mistakes the contracts exist to stop.
+    # An analysis stage reaching for the store, the simulated loop and a daemon part reaching into the
+    # daemon's wiring, and the probe reaching for the daemon's wire models: the mistakes the contracts
+    # exist to stop.
     with open(tmp_path / "artemisd" / "verify.py", "a") as f:
         f.write("\nimport artemisd.store  # noqa\n")
     with open(tmp_path / "artemisd" / "sim" / "loop.py", "a") as f:
+        f.write("\nimport artemisd.service  # noqa\n")
+    with open(tmp_path / "artemisd" / "acting.py", "a") as f:
         f.write("\nimport artemisd.service  # noqa\n")
     with open(tmp_path / "torch_hook" / "__init__.py", "a") as f:
         f.write("\nimport artemisd.wire  # noqa\n")
     run = lint(tmp_path)
     assert run.returncode != 0
-    assert "0 kept, 3 broken" in run.stdout, run.stdout
+    assert "0 kept, 4 broken" in run.stdout, run.stdout
     assert "artemisd.verify -> artemisd.store" in run.stdout, run.stdout
     assert "artemisd.sim.loop -> artemisd.service" in run.stdout, run.stdout
+    assert "artemisd.acting -> artemisd.service" in run.stdout, run.stdout
