@@ -317,10 +317,11 @@ class Acting:
         if stored is None:
             return
         inc = Incident.model_validate(stored.body)
-        pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
-        # A done drain's requeue is priced on the decision's facts; nothing else after an action reads them.
-        facts = self._facts(stored, inc, info.partition if info else None, (), now, info) \
-            if row.kind == "drain" and outcome.status == "done" else decide.Facts(now=now)
+        pol = facts = None
+        if reconcile.follows_up(row.kind, outcome.status):
+            pol = self.config.policy_for(info.partition if info else self.store.job_partition(inc.job))
+            if row.kind == "drain":  # its requeue is priced on the decision's facts
+                facts = self._facts(stored, inc, info.partition if info else None, (), now, info)
         action_window = self._last_window(inc, stored)
         change = reconcile.after_action(inc, row, outcome.status, self.store.actions_of(stored.id), pol, facts,
                                         self._throughput(stored, inc, action_window))
@@ -329,9 +330,11 @@ class Acting:
         self.apply(stored, change, now)
 
     def _throughput(self, stored: StoredIncident, inc: Incident, action_window: int | None = None
-                    ) -> reconcile.Throughput:
+                    ) -> reconcile.Throughput | None:
         """The healthy throughput and the slowed one, from the onset to the action, of the run the fault
-        was seen in (``reconcile.slowed_result`` freezes them once)."""
+        was seen in, for ``reconcile.slowed_result`` to freeze; None once the result holds them."""
+        if inc.result is not None and inc.result.throughput_before is not None:
+            return None
         series = self.analyzer.throughput(inc.job, stored.step or "0")
         window = action_window if action_window is not None else stored.action_window
         return stored.baseline, verify.during(series, inc.onset_window, window)
@@ -362,10 +365,7 @@ class Acting:
             elif isinstance(effect, reconcile.Move):
                 self.ledger.update_action(effect.action_id, effect.status, effect.detail)
             elif isinstance(effect, reconcile.Approved):
-                row = self.store.action(effect.action_id)
-                if row is not None:
-                    self.ledger.set_action_params(row.id, {**row.params, "approved_by": effect.who,
-                                                           "approved_at": effect.at})
+                self.ledger.set_action_params(effect.action_id, dict(effect.params))
             elif isinstance(effect, reconcile.ResetShares):
                 directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
                              "job": effect.job, "step": effect.step, "shares": {}}
@@ -430,7 +430,7 @@ class Acting:
         (``reconcile.on_recovered``), judged on the job's latest ``VerifyWindows`` windows as a
         verification would judge them."""
         rows = self.store.actions_of(stored.id)
-        if any(r.status in actions.IN_FLIGHT and r.kind not in actions.TELL for r in rows):
+        if reconcile.acting_on(rows):
             return
         inc = Incident.model_validate(stored.body)
         verdict = None

@@ -1,2 +1,2 @@
-"""The acting half's shared parts: the action table (``actions``) and, as they move here, the pure
-reconcile and its effects.  Nothing here does I/O."""
+"""The acting half's shared parts: the action table (``actions``), the decisions on an incident and
+their effects (``reconcile``), and what a person is told (``escalation``).  Nothing here does I/O."""

@@ -142,7 +142,11 @@ def came_from(status: str) -> tuple[str, ...]:
 def sql_list(values: Iterable[str]) -> str:
     """Statuses or kinds of this table as an SQL list literal (its fixed vocabulary, never user input)."""
     vocabulary = {*ActionStatus, *ActionKind}
-    return "(" + ", ".join(f"'{v}'" for v in sorted(str(v) for v in values if v in vocabulary)) + ")"
+    values = sorted(str(v) for v in values)
+    unknown = [v for v in values if v not in vocabulary]
+    if unknown:
+        raise ValueError(f"not a status or kind of the action table: {unknown}")
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
 # The SQL both stores use, from this table.

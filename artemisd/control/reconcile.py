@@ -1,7 +1,7 @@
 """The acting half's decisions on one incident, pure: facts in, the incident as it is to be saved and the
 effects to carry out.
 
-The daemon (``service.Daemon``) and the simulated loop (``sim/loop.py``, under ``artemis replay
+The daemon (``acting.Acting``) and the simulated loop (``sim/loop.py``, under ``artemis replay
 --policy`` and the fleet benchmark) both call these, and each carries the effects out its own way: the
 daemon through its ledger, the actuator and mail on its next turns, the simulated loop at once against
 a simulated Slurm.  What is decided — which rung, what it becomes once done, what a verdict undoes,
@@ -78,9 +78,11 @@ class ResetShares:
 
 @dataclass(frozen=True)
 class Approved:
-    """An action row records who approved it and when (the drain budget counts it from then)."""
+    """An action row records who approved it and when (the drain budget counts it from then):
+    ``params`` are the row's, with ``approved_by`` and ``approved_at`` added."""
 
     action_id: int
+    params: Mapping[str, Any]
     who: str
     at: float
 
@@ -223,15 +225,21 @@ def on_plan(inc: Incident, plan: decide.Plan, rows: Sequence[Row], held: bool) -
 Throughput = tuple[float | None, float | None]
 
 
-def after_action(inc: Incident, row: Row, status: str, rows: Sequence[Row], pol: PartitionPolicy,
-                 facts: decide.Facts, throughput: Throughput | None = None) -> Change:
+def follows_up(kind: str, status: str) -> bool:
+    """Whether an action's end may queue a follow-up — a done drain's requeue, a done requeue's
+    constraint — and so needs the partition's policy (and, after a drain, the decision's facts)."""
+    return status == "done" and kind in ("drain", "requeue")
+
+
+def after_action(inc: Incident, row: Row, status: str, rows: Sequence[Row], pol: PartitionPolicy | None = None,
+                 facts: decide.Facts | None = None, throughput: Throughput | None = None) -> Change:
     """An action ended with ``status`` (done, failed, skipped): what the incident becomes.
 
     A done drain is followed by the requeue that moves the job off the node, or a person is told;
     a done requeue may be narrowed (``Constraint=``).  A rung that happened is verified next; one that
-    did not leaves the incident unresolved, and the next rung is decided.  ``facts``: as ``decide.plan``
-    reads them (a drain's requeue is priced on them); ``throughput``: frozen into the result when the
-    rung happened (``slowed_result``).
+    did not leaves the incident unresolved, and the next rung is decided.  ``pol`` and ``facts``: read
+    by a follow-up only (``follows_up``; a drain's requeue is priced on the facts ``decide.plan``
+    reads); ``throughput``: frozen into the result when the rung happened (``slowed_result``).
     """
     out = Change(_copy(inc))
     new = out.incident
@@ -241,10 +249,12 @@ def after_action(inc: Incident, row: Row, status: str, rows: Sequence[Row], pol:
             return out
         out.saved = False
         return out
-    if row.kind in ("undrain", "notify") or new.state is not S.ACTING:
-        out.saved = False  # closed while the action was in flight, or nothing of the rung
+    if row.kind not in actions.RUNGS or new.state is not S.ACTING:
+        out.saved = False  # the daemon's own follow-up (an undrain, a mail), or closed while it was in flight
         return out
-    if status == "done" and row.kind in ("drain", "requeue"):
+    if follows_up(row.kind, status):
+        if pol is None or (row.kind == "drain" and facts is None):
+            raise ValueError(f"after a done {row.kind}: the partition's policy and the facts are needed")
         if row.kind == "drain":
             # Approving the drain rung approves its requeue too (one decision per rung).
             approved = any(r.kind == "drain" and r.params.get("approved_by") for r in rows)
@@ -355,6 +365,11 @@ def rollbacks(undos: Sequence[verify.Undo], rows: Sequence[Row]) -> list[Effect]
     return out
 
 
+def acting_on(rows: Sequence[Row]) -> bool:
+    """An action of the incident is queued or running on its target (a mail is not acting on it)."""
+    return any(r.status in actions.IN_FLIGHT and r.kind not in actions.TELL for r in rows)
+
+
 def on_recovered(inc: Incident, verification: verify.Verification | None, rows: Sequence[Row],
                  not_back: bool, throughput: Throughput | None = None, dry_run: bool = False) -> Change:
     """The analysis saw the subject healthy again: close it once the job's throughput agrees.
@@ -365,8 +380,7 @@ def on_recovered(inc: Incident, verification: verify.Verification | None, rows: 
     None: no healthy baseline to judge against; the subject's recovery closes it (``recovered`` stays
     null).  An action of its still in flight keeps it open.
     """
-    if inc.state not in DECIDABLE or any(r.status in actions.IN_FLIGHT and r.kind not in actions.TELL
-                                         for r in rows):
+    if inc.state not in DECIDABLE or acting_on(rows):
         return Change(_copy(inc), saved=False)
     out = Change(_copy(inc))
     new = out.incident
@@ -440,7 +454,8 @@ def on_approval(inc: Incident, row: Row, who: str, approve: bool, now: float) ->
     action_id = row.id
     reversible = actions.reversible(row.kind)
     if approve:
-        out.effects += [Approved(action_id, who, now), Move(action_id, "queued", f"approved by {who}")]
+        params = {**row.params, "approved_by": who, "approved_at": now}
+        out.effects += [Approved(action_id, params, who, now), Move(action_id, "queued", f"approved by {who}")]
         new.action = Action(kind=row.kind, target=row.target, status="running", reversible=reversible)
         new.advance(S.ACTING)
     else:

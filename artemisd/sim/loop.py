@@ -238,7 +238,7 @@ class Loop:
                 self._move(effect.action_id, effect.status, effect.detail)
             elif isinstance(effect, reconcile.Approved):
                 row = self._row(effect.action_id)
-                row.params = {**row.params, "approved_by": effect.who, "approved_at": effect.at}
+                row.params = dict(effect.params)
                 row.approved_by, row.approved_at = effect.who, effect.at
             elif isinstance(effect, reconcile.ResetShares):
                 row = self._row(effect.action_id)
@@ -271,8 +271,7 @@ class Loop:
                    "; ".join(f"recommended: {r}" for r in tell.recommended))
         if self.on_action is not None:
             self.on_action("escalate", t.inc.job, params, t.inc)
-        self.apply(t, reconcile.after_action(t.inc, row, "done", self._rows_of(t.inc.id), self._policy(t),
-                                              decide.Facts(now=now)), now)
+        self.apply(t, reconcile.after_action(t.inc, row, "done", self._rows_of(t.inc.id)), now)
 
     def _run(self, row: ActionRow, t: Tracked, now: float) -> None:
         self._move(row.id, "running", row.detail)
@@ -307,14 +306,13 @@ class Loop:
         return outcome
 
     def _after(self, row: ActionRow, outcome: Outcome, t: Tracked, now: float) -> None:
-        partition, nodes = self._partition(t.inc.job)
-        facts = self._facts(t, partition, nodes, now) if row.kind == "drain" and outcome.status == "done" \
-            else decide.Facts(now=now)
-        self.apply(t, reconcile.after_action(t.inc, row, outcome.status, self._rows_of(t.inc.id),
-                                              self.config.policy_for(partition), facts), now)
-
-    def _policy(self, t: Tracked):
-        return self.config.policy_for(self._partition(t.inc.job)[0])
+        pol = facts = None
+        if reconcile.follows_up(row.kind, outcome.status):
+            partition, nodes = self._partition(t.inc.job)
+            pol = self.config.policy_for(partition)
+            if row.kind == "drain":  # its requeue is priced on the decision's facts
+                facts = self._facts(t, partition, nodes, now)
+        self.apply(t, reconcile.after_action(t.inc, row, outcome.status, self._rows_of(t.inc.id), pol, facts), now)
 
     # --- people ---------------------------------------------------------------------------------
 
