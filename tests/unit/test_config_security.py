@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from artemisd.cli import main as artemis
-from artemisd.config import ConfigError, check_config_file_secure, load_config, parse_config_text
+from artemisd.conf_syntax import check_config_file_secure
+from artemisd.config import ConfigError, load_config, parse_config_text
 from tests.unit.test_cli_admin import Artemisd
 
 NOBODY = pwd.getpwnam("nobody")
