@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from artemisd import decide, mail, policy, verify
+from artemisd import decide, loss, mail, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
@@ -116,7 +116,7 @@ class Acting:
         change = reconcile.on_analysis(Incident.model_validate(stored.body), update, was, stored.plan_step,
                                        self.store.actions_of(stored.id), closed(stored))
         if change.confirmed:
-            stored.baseline = verify.baseline(self.analyzer.throughput(update.job, stored.step or "0"),
+            stored.baseline = loss.baseline(self.analyzer.throughput(update.job, stored.step or "0"),
                                               update.onset_window)
         self.apply(stored, change, now)
 
@@ -165,7 +165,7 @@ class Acting:
             node_evidence=evidence, gpu=self._gpu_of(inc),
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
-            measured_loss_pct=verify.incident_loss(stored.baseline, series, inc.onset_window, bool(inc.recurrences)),
+            measured_loss_pct=loss.incident_loss(stored.baseline, series, inc.onset_window, bool(inc.recurrences)),
             gpus=self.memory.world.get(inc.job), time_left_s=info.time_left(now) if info is not None else None,
             unlimited=info is not None and info.unlimited)
 
@@ -337,7 +337,7 @@ class Acting:
             return None
         series = self.analyzer.throughput(inc.job, stored.step or "0")
         window = action_window if action_window is not None else stored.action_window
-        return stored.baseline, verify.during(series, inc.onset_window, window)
+        return stored.baseline, loss.during(series, inc.onset_window, window)
 
     def apply(self, stored: StoredIncident, change: reconcile.Change, now: float) -> None:
         """Carry a ``reconcile.Change`` out: the action rows, messages to people and audit lines first,

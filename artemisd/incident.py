@@ -16,10 +16,10 @@ peers in the windows that confirmed it:
                  throughput lost to the subject.
 * ``measured_loss_pct``  (additive) 100 * (1 - slowed / healthy): the share
                  of the job's samples/s actually lost, from the job's own
-                 throughput (``verify.measured_loss``): healthy = median of the
+                 throughput (``loss.measured_loss``): healthy = median of the
                  last windows before the onset, slowed = median from the onset
                  to confirmation.  When it and ``loss_pct`` disagree by more
-                 than ``verify.LOSS_TOLERANCE_PCT`` points, a ``samples_per_s``
+                 than ``loss.LOSS_TOLERANCE_PCT`` points, a ``samples_per_s``
                  evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
                  the configured floor the cause is reported as ``unknown``.
@@ -175,9 +175,9 @@ class Result(BaseModel):
     One definition of each, used by every view (``artemis show``, audit, mail):
 
     * ``throughput_healthy`` (additive): the job's healthy throughput, median of
-      its last windows before the onset (``verify.baseline``);
+      its last windows before the onset (``loss.baseline``);
     * ``throughput_before``: the *slowed* throughput, median from the onset up
-      to the action (``verify.during``), frozen when the action completes;
+      to the action (``loss.during``), frozen when the action completes;
     * ``throughput_after``: median of ``VerifyWindows`` steady windows after the
       action (``verify.verify``).
 

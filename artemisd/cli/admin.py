@@ -28,7 +28,7 @@ from artemisd.auth import request_payload
 from artemisd.cli.replay import format_table
 from artemisd.config import ConfigError, load_config
 from artemisd.incident import Incident
-from artemisd.verify import loss_summary, window_throughput
+from artemisd.loss import loss_summary, window_throughput
 
 DEFAULT_CONFIG = "/etc/artemis/artemis.conf"
 TIMEOUT_S = 30.0
@@ -220,7 +220,7 @@ def job_windows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the run being the daemon's own (each row's ``run``, from the step key the
     daemon analysed and stored it under: ``runs.JobRun``'s rule, not a second
     one here).  A rank's row stored twice counts once.  Throughput is
-    ``verify.window_throughput``, the definition verification judges with, and
+    ``loss.window_throughput``, the definition verification judges with, and
     like the analyzer's a window some rank's row is missing from measures none
     (its samples would be part of the job's): None.
     """

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from artemisd import verify
+from artemisd import loss
 from artemisd.incident import Incident, IncidentState
 
 
@@ -108,9 +108,9 @@ def escalation(inc: Incident, headline: str, recommended: Sequence[str], rows: S
     lines += ["", f"cause: {inc.cause.value} (confidence {inc.confidence:.2f})",
               f"where: {where(inc)}",
               f"slowdown: ratio {inc.ratio}, {inc.excess_ms} ms/step excess"]
-    loss = verify.loss_summary(inc.measured_loss_pct, inc.loss_pct)
-    if loss is not None:
-        lines.append(loss)
+    summary = loss.loss_summary(inc.measured_loss_pct, inc.loss_pct)
+    if summary is not None:
+        lines.append(summary)
     if inc.result is not None:
         lines.append(inc.result.describe())
     lines += ["", "evidence:"]

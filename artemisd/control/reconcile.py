@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from artemisd import decide, verify
+from artemisd import decide, loss, verify
 from artemisd.config import PartitionPolicy
 from artemisd.decide import Note
 from artemisd.control import actions
@@ -314,8 +314,8 @@ def loss_as_the_result_shows(inc: Incident) -> None:
     result = inc.result
     if result is None or result.throughput_before is None or not result.throughput_healthy:
         return
-    inc.measured_loss_pct = verify.measured_loss(result.throughput_healthy, result.throughput_before)
-    line = verify.loss_evidence(inc.loss_pct, result.throughput_healthy, result.throughput_before)
+    inc.measured_loss_pct = loss.measured_loss(result.throughput_healthy, result.throughput_before)
+    line = loss.loss_evidence(inc.loss_pct, result.throughput_healthy, result.throughput_before)
     evidence = [e for e in inc.evidence if e.signal != "samples_per_s"]
     inc.evidence = evidence + ([Evidence(**line)] if line else [])
 

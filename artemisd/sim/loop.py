@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from artemisd import decide, policy, verify
+from artemisd import decide, loss, policy, verify
 from artemisd.control import actions, reconcile
 from artemisd.act import Actuator, Outcome
 from artemisd.config import Config
@@ -388,7 +388,7 @@ class Loop:
         v = verify.verdict(inc.kind.value, inc.cause.value, evidence, verify.Rules.of(self.config.daemon), now,
                            self.silence_s, done, still_shown)
         series = [(w.seq, w.throughput) for w in evidence.origin]
-        slowed = verify.during(series, inc.onset_window, evidence.action_window)
+        slowed = loss.during(series, inc.onset_window, evidence.action_window)
         self.apply(t, reconcile.on_verdict(inc, v, self._rows_of(incident_id), (evidence.baseline, slowed),
                                             self.config.daemon.dry_run), now)
         return v

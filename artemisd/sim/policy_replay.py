@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from artemisd import verify
+from artemisd import loss, verify
 from artemisd.config import AnalysisSettings, Config, PartitionPolicy
 from artemisd.incident import Incident, IncidentState
 from artemisd.pipeline import Analyzer
@@ -160,7 +160,7 @@ class TraceLoop:
         for update in updates:
             step = self.steps.get(update.job, "0")
             if update.state is S.CONFIRMED and update.id not in self.baselines:
-                self.baselines[update.id] = verify.baseline(self.analyzer.throughput(update.job, step),
+                self.baselines[update.id] = loss.baseline(self.analyzer.throughput(update.job, step),
                                                             update.onset_window)
             baseline = self.baselines.get(update.id)
             series = self.analyzer.throughput(update.job, step)
@@ -168,7 +168,7 @@ class TraceLoop:
                 update, now, gpus=self.worlds.get(update.job), time_left_s=None, node_evidence=None,
                 gpu=self.gpus.get((update.job, update.rank)) if update.rank is not None else None,
                 rebalance_opt_in=update.job in self.opt_in,
-                measured_loss_pct=verify.incident_loss(baseline, series, update.onset_window, bool(update.recurrences)),
+                measured_loss_pct=loss.incident_loss(baseline, series, update.onset_window, bool(update.recurrences)),
                 step=step)
 
     def _turn(self, now: float) -> None:

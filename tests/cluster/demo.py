@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artemisd import verify
+from artemisd import loss
 
 from . import faults
 from .artemis import ArtemisDaemon, Mailbox
@@ -68,7 +68,7 @@ def show_incident(incident: dict[str, Any]) -> str:
     lines = [f"  {incident['id']}  {incident['kind']} incident, state {incident['state']}",
              f"    where:    {where}",
              f"    cause:    {incident['cause']} (confidence {incident['confidence']})",
-             f"    impact:   {verify.loss_summary(incident.get('measured_loss_pct'), incident.get('loss_pct'))}"
+             f"    impact:   {loss.loss_summary(incident.get('measured_loss_pct'), incident.get('loss_pct'))}"
              f" ({incident['ratio']}x its peers' busy time)"]
     for evidence in incident["evidence"]:
         note = f" — {evidence['note']}" if evidence.get("note") else ""
@@ -107,7 +107,7 @@ def changes_since_shown(shown: list[dict[str, Any]], final: list[dict[str, Any]]
                    f" (its job ended {ended['job_state']})" if ended else "")
             what.append(f"state {before['state']} -> {after['state']}{why}")
         if after.get("measured_loss_pct") != before.get("measured_loss_pct"):
-            what.append(verify.loss_summary(after.get("measured_loss_pct"), after.get("loss_pct")) or "")
+            what.append(loss.loss_summary(after.get("measured_loss_pct"), after.get("loss_pct")) or "")
         if after.get("result") != before.get("result") and after.get("result"):
             what.append("result: " + format_result(after["result"]))
         if what:

@@ -7,7 +7,7 @@ test cluster and checks what an admin would check by eye:
   requeued without the node) end verified, and the hot node stays drained;
 * the numbers agree: ``measured_loss_pct`` is 100 x (1 - slowed / healthy) of
   the incident's own result, and it agrees with ``loss_pct`` within
-  ``verify.LOSS_TOLERANCE_PCT`` points or the incident says why (a
+  ``loss.LOSS_TOLERANCE_PCT`` points or the incident says why (a
   ``samples_per_s`` evidence line); every percentage is within 0..100;
 * no evidence line names a node other than the incident's own;
 * the loader stall in a job that did not opt in to rebalancing is escalated,
@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from artemisd import verify
+from artemisd import loss
 from tests.cluster import demo
 from tests.cluster.healthy import still_open
 
@@ -58,10 +58,10 @@ def test_numbers_agree(seen):
         if not result or result.get("throughput_healthy") is None or incident.get("measured_loss_pct") is None:
             continue
         slowed, healthy = result["throughput_before"], result["throughput_healthy"]
-        assert incident["measured_loss_pct"] == pytest.approx(verify.measured_loss(healthy, slowed), abs=0.6), \
+        assert incident["measured_loss_pct"] == pytest.approx(loss.measured_loss(healthy, slowed), abs=0.6), \
             incident
         explained = any(e["signal"] == "samples_per_s" for e in incident["evidence"])
-        assert explained or abs(incident["loss_pct"] - incident["measured_loss_pct"]) <= verify.LOSS_TOLERANCE_PCT, \
+        assert explained or abs(incident["loss_pct"] - incident["measured_loss_pct"]) <= loss.LOSS_TOLERANCE_PCT, \
             incident
 
 

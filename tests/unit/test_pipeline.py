@@ -323,7 +323,7 @@ def test_a_probes_backlog_after_an_outage_is_not_read_as_lost_throughput():
     # reports came in hold one rank's samples: they are no measure of the job's throughput.
     import math
 
-    from artemisd import verify
+    from artemisd import loss, verify
 
     rng = random.Random(1)
     windows = [lockstep(seq, noisy(rng, n=2, spread=0.02)) for seq in range(40)]
@@ -335,10 +335,10 @@ def test_a_probes_backlog_after_an_outage_is_not_read_as_lost_throughput():
             analyzer.ingest(windows[seq][rank])
     run(analyzer, windows[32:])
     series = analyzer.throughput("100")
-    healthy = verify.baseline(series, 12)
+    healthy = loss.baseline(series, 12)
     measured = [t for _, t in series if math.isfinite(t)]
     assert len(measured) >= 20 and min(measured) > 0.9 * healthy, (healthy, measured)
-    assert verify.baseline(series, None) == pytest.approx(healthy, rel=0.05)
+    assert loss.baseline(series, None) == pytest.approx(healthy, rel=0.05)
     shape = verify.healthy_shape(analyzer.window_shapes("100"), None)
     assert shape.samples_per_step == 64 and math.isfinite(shape.throughput)
     assert not analyzer.incidents

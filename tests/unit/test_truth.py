@@ -9,7 +9,7 @@ import pytest
 from artemisd.decide import CORROBORATION_WAIT_S
 from artemisd.incident import Result
 from artemisd.pipeline import Analyzer, analyze_records
-from artemisd.verify import LOSS_TOLERANCE_PCT, loss_evidence, loss_summary, measured_loss
+from artemisd.loss import LOSS_TOLERANCE_PCT, loss_evidence, loss_summary, measured_loss
 from tests.unit.test_server import HEALTHY, Clock, Harness, cluster, hot_gpu_confirmed, mail_text, run, smtp  # noqa: F401 - fixture
 from tests.unit.windows import lockstep
 from torch_hook.telemetry.host import HostCounters, host_block

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from artemisd.verify import Rules, baseline, verify
+from artemisd.loss import baseline
+from artemisd.verify import Rules, verify
 
 
 def test_baseline_uses_only_windows_before_the_onset():
@@ -37,7 +38,7 @@ def test_no_baseline_cannot_be_judged():
 
 
 def test_during_is_the_throughput_while_the_slowdown_was_in_force():
-    from artemisd.verify import during
+    from artemisd.loss import during
 
     series = [(0, 100.0), (1, 101.0), (2, 70.0), (3, 72.0), (4, 71.0), (5, 99.0)]
     assert during(series, onset_window=2, action_window=4) == 71.0
@@ -285,7 +286,7 @@ def test_a_slowdown_that_comes_and_goes_is_priced_over_its_whole_life():
     """A healthy job beside a neighbour toggling every 20 s: each spell confirms again; the median of
     the last windows said one spell cost 45 % and paged a person, while over the incident's life the
     job lost a few percent (issue 28).  An incident that came back is measured over its whole life."""
-    from artemisd.verify import incident_loss, over_life
+    from artemisd.loss import incident_loss, over_life
 
     healthy = 100.0
     series = [(seq, healthy if (seq // 3) % 4 else 55.0) for seq in range(10, 58)]  # a bad spell 1 time in 4
