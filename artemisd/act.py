@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from artemisd.slurm.api import JobInfo, SlurmBackend, SlurmError
 
@@ -48,6 +48,20 @@ def _merge_features(current: str, extra: str) -> str:
 class Actuator:
     def __init__(self, slurm: SlurmBackend):
         self.slurm = slurm
+
+    def perform(self, kind: str, params: dict[str, Any], incident_id: str) -> Outcome | None:
+        """Carry out one of the rungs Slurm carries out, from its action row's kind and params;
+        None for a kind that is not Slurm's to do (a rebalance, a correction, telling people).
+        The daemon and the simulated loop both act through here, on real or simulated Slurm."""
+        if kind == "drain":
+            return self.drain(params["node"], params["reason"])
+        if kind == "requeue":
+            return self.requeue_excluding(params["job"], params["node"])
+        if kind == "constrain":
+            return self.constrain(params["job"], params["feature"])
+        if kind == "undrain":
+            return self.undrain(params["node"], incident_id)
+        return None
 
     def drain(self, node: str, reason: str) -> Outcome:
         info = self.slurm.node(node)

@@ -6,11 +6,10 @@ what it makes of the incident; ``apply`` writes the action rows, messages and au
 ledger and then the incident.  The simulated loop (``sim/loop.py``) runs the same decisions with its
 own gather and apply; ``tests/unit/test_loop_parity.py`` holds them to the same outcomes.
 
-The steps, in a leader's turn (``turn``): the incidents to decide, the actions due (performed
-through the ``Actuator``, retried with backoff on a transient Slurm or mail error), the incidents
-verifying, and the ones whose subject the analysis saw healthy again.  Between turns: the
-analyzer's updates (``publish``), a person's approval or denial (``approve``), a node check's
-correction result (``correction_result``), a job's end (``end_incidents``).
+The steps, in a leader's turn (``turn``): the incidents to decide, the actions due (carried out by
+``performing.Performer``, which calls back ``after_action``), the incidents verifying, and the ones
+whose subject the analysis saw healthy again.  Between turns: the analyzer's updates (``publish``),
+a person's approval or denial (``approve``), a job's end (``end_incidents``).
 """
 
 from __future__ import annotations
@@ -21,15 +20,16 @@ from typing import Any
 
 import structlog
 
-from artemisd import decide, loss, mail, policy, verify
+from artemisd import decide, loss, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
-from artemisd.control import actions, reconcile
+from artemisd.control import reconcile
 from artemisd.incident import Incident, IncidentKind, IncidentState
 from artemisd.job_memory import JobMemory
 from artemisd.ledger import Ledger, subject_of
 from artemisd.metrics import Metrics
+from artemisd.performing import AddDirective, Performer
 from artemisd.pipeline import Analyzer
 from artemisd.runs import split_run
 from artemisd.slurm.api import JobInfo, NodeInfo, SlurmBackend, SlurmError
@@ -37,13 +37,11 @@ from artemisd.store import ActionRow, StateStore, StoredIncident
 
 S = IncidentState
 FINAL = (S.RESOLVED.value, S.DISMISSED.value)
-CORRECTION_TIMEOUT_S = 900.0  # a correction no node check picked up is a failed one
 VERIFY_SILENCE_S = 3600.0  # a verifying job silent this long is judged unresolved ("cannot be measured")
 
 log = structlog.get_logger("artemisd")
 
 JobInfoRead = Callable[..., Awaitable[JobInfo | None]]
-AddDirective = Callable[[str, str, str, str, str | None, dict[str, Any], float, float | None], None]
 
 
 def closed(stored: StoredIncident) -> bool:
@@ -65,7 +63,6 @@ class Acting:
         self.ledger = ledger
         self.analyzer = analyzer
         self.slurm = slurm
-        self.actuator = Actuator(slurm)
         self.metrics = metrics
         self.memory = memory
         self.clock = clock
@@ -73,15 +70,21 @@ class Acting:
         self._add_directive = add_directive
         self._bound = bound
         self._probe_due = probe_due
+        self.performer = Performer(config, store, ledger, Actuator(slurm), metrics, clock, add_directive,
+                                   self.after_action)
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
+
+    def reload(self, config: Config) -> None:
+        self.config = config
+        self.performer.config = config
 
     async def turn(self, now: float) -> None:
         """A leader's turn of the acting half: decide, run what is due, verify, close what recovered."""
         for stored in self.store.incidents(states=[S.CONFIRMED, S.UNRESOLVED, S.ESCALATED], decide=True):
             await self.decide(stored, now)
         for row in self.store.due_actions(now):
-            await self.run_action(row)
+            await self.performer.run(row)
         for stored in self.store.incidents(states=[S.VERIFYING]):
             self.verify(stored, now)
         analyzer_ids = {daemon_id: analyzer_id for analyzer_id, daemon_id in self._bound.items()}
@@ -199,118 +202,8 @@ class Acting:
             self.metrics.backend_errors.labels("slurm").inc()
             raise
 
-    async def run_action(self, row: ActionRow) -> None:
-        stored = self.store.incident(row.incident)
-        if stored is None:
-            self.ledger.update_action(row.id, "failed", "incident vanished")
-            return
-        now = self.clock()
-        if row.kind not in actions.TELL and not self.config.daemon.enabled:
-            self.ledger.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
-            self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
-            await self._after_action(row, Outcome("skipped", "kill switch"), now)
-            return
-        if row.kind == "correct" and row.status == "running":
-            await self._check_correction(row, now)
-            return
-        # Intent first: a crash after this line re-runs the action through the idempotent path.
-        self.ledger.update_action(row.id, "running", row.detail, attempt=True)
-        try:
-            outcome = await self._perform(row, stored, now)
-        except (SlurmError, mail.MailError) as err:
-            backend = "smtp" if isinstance(err, mail.MailError) else "slurm"
-            self.metrics.backend_errors.labels(backend).inc()
-            permanent = isinstance(err, SlurmError) and not err.transient
-            if permanent:
-                outcome = Outcome("failed", str(err))
-            else:
-                delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
-                self.ledger.update_action(row.id, "running", str(err), next_try=now + delay)
-                self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
-                            f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
-                self.metrics.actions.labels(row.kind, "retry").inc()
-                return
-        if outcome.status == "waiting":
-            return
-        self.ledger.update_action(row.id, outcome.status, outcome.detail)
-        self.metrics.actions.labels(row.kind, outcome.status).inc()
-        self._audit(row.incident, "daemon", f"{row.kind} {row.target}", "", f"{outcome.status}: {outcome.detail}",
-                    action=row.id)
-        await self._after_action(row, outcome, now)
-
-    async def _perform(self, row: ActionRow, stored: StoredIncident, now: float) -> Outcome:
-        p = row.params
-        if row.kind == "drain":
-            return await asyncio.to_thread(self.actuator.drain, p["node"], p["reason"])
-        if row.kind == "requeue":
-            return await asyncio.to_thread(self.actuator.requeue_excluding, p["job"], p["node"])
-        if row.kind == "constrain":
-            return await asyncio.to_thread(self.actuator.constrain, p["job"], p["feature"])
-        if row.kind == "undrain":
-            return await asyncio.to_thread(self.actuator.undrain, p["node"], row.incident)
-        if row.kind == "rebalance":
-            directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
-                         "job": p["job"], "step": p["step"], "shares": p["shares"]}
-            self._add_directive(directive["id"], "rebalance", p["job"], p["step"], row.incident,
-                                directive, now, None)
-            return Outcome("done", f"{directive['id']} shares {p['shares']}")
-        if row.kind == "correct":
-            cid = self.store.next_id("correction", "COR-")
-            self.store.add_correction(cid, row.incident, p["node"], p["kind"], p.get("gpu"), now)
-            self.ledger.set_action_params(row.id, {**p, "correction": cid, "queued_at": now})
-            self._audit(row.incident, "daemon", f"correction {cid} queued", f"{p['kind']} on {p['node']}",
-                        action=row.id)
-            return Outcome("waiting", cid)  # the node check reports back (correction_result)
-        if row.kind in actions.TELL:
-            return await self._escalate(row)
-        return Outcome("failed", f"unknown action kind {row.kind}")
-
-    async def _escalate(self, row: ActionRow) -> Outcome:
-        p = dict(row.params)
-        details = []
-        if not p.get("comment_done"):
-            if self.config.daemon.enabled:
-                out = await asyncio.to_thread(self.actuator.comment, p["job"], row.incident, p["comment"])
-                details.append(f"AdminComment: {out.detail}")
-            else:
-                details.append("AdminComment not set: Enabled=no")
-            p["comment_done"] = True
-            self.ledger.set_action_params(row.id, p)
-        if not p.get("mail_done"):
-            sent = await asyncio.to_thread(mail.send, self.config.mail, p["subject"], p["text"],
-                                           f"artemis.{row.incident}.{row.id}")
-            details.append("mail sent" if sent else "no mail relay/recipients configured")
-            p["mail_done"] = True
-            self.ledger.set_action_params(row.id, p)
-        return Outcome("done", "; ".join(details) or "already escalated")
-
-    async def _check_correction(self, row: ActionRow, now: float) -> None:
-        cid = row.params.get("correction")
-        if cid is None:  # crashed between intent and queueing: queue it now
-            self.ledger.update_action(row.id, "queued", row.detail)
-            return
-        queued_at = row.params.get("queued_at", now)
-        if now - queued_at > CORRECTION_TIMEOUT_S and (self.store.correction(cid) or {}).get("status") == "pending":
-            self.store.set_correction(cid, "expired", "no node check picked it up")
-            await self.correction_result(cid, "failed",
-                                         f"no node check applied it within {CORRECTION_TIMEOUT_S:.0f} s", "daemon")
-
-    async def correction_result(self, correction_id: str, status: str, detail: str, who: str) -> bool:
-        """The node check applied (or failed to apply) a correction; the action completes."""
-        cor = self.store.correction(correction_id)
-        if cor is None:
-            return False
-        self.store.set_correction(correction_id, status, detail)
-        self._audit(cor["incident"], who, f"correction {correction_id} {status}", cor["kind"], detail)
-        for row in self.store.actions_of(cor["incident"]):
-            if row.kind == "correct" and row.params.get("correction") == correction_id and row.status == "running":
-                outcome = Outcome("done" if status == "done" else "failed", detail)
-                self.ledger.update_action(row.id, outcome.status, detail)
-                self.metrics.actions.labels("correct", outcome.status).inc()
-                await self._after_action(row, outcome, self.clock())
-        return True
-
-    async def _after_action(self, row: ActionRow, outcome: Outcome, now: float) -> None:
+    async def after_action(self, row: ActionRow, outcome: Outcome, now: float) -> None:
+        """What an action's outcome means for its incident (``reconcile.after_action``)."""
         # Slurm first (it awaits), then the incident as it is now.
         info = await self._job_info(row.params.get("job") or "", fresh=True) if row.kind in ("drain", "requeue") else None
         stored = self.store.incident(row.incident)

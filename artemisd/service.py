@@ -115,7 +115,7 @@ class Daemon:
     def reload(self, config: Config) -> None:
         """SIGHUP: new policy, mail, limits.  Listen/StateDir/analysis need a restart."""
         self.config = config
-        self.acting.config = config
+        self.acting.reload(config)
         log.info("config reloaded", policies=len(config.policies), dry_run=config.daemon.dry_run,
                  enabled=config.daemon.enabled)
 
@@ -254,8 +254,8 @@ class Daemon:
         return await self.acting.approve(incident_id, principal, approve)
 
     async def correction_result(self, correction_id: str, status: str, detail: str, who: str) -> bool:
-        """The node check applied (or failed to apply) a correction (``Acting.correction_result``)."""
-        return await self.acting.correction_result(correction_id, status, detail, who)
+        """The node check applied (or failed to apply) a correction (``Performer.correction_result``)."""
+        return await self.acting.performer.correction_result(correction_id, status, detail, who)
 
     # --- intake (the HTTP layer's) ------------------------------------------------------------------
 

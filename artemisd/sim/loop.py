@@ -283,17 +283,10 @@ class Loop:
     def _perform(self, row: ActionRow, t: Tracked) -> Outcome:
         p = row.params
         try:
-            if row.kind == "drain":
-                outcome = self.actuator.drain(p["node"], p["reason"])
-            elif row.kind == "requeue":
-                outcome = self.actuator.requeue_excluding(p["job"], p["node"])
-            elif row.kind == "constrain":
-                outcome = self.actuator.constrain(p["job"], p["feature"])
-            elif row.kind == "undrain":
-                outcome = self.actuator.undrain(p["node"], row.incident)
-            elif row.kind in ("correct", "rebalance"):
+            outcome = self.actuator.perform(row.kind, p, row.incident)
+            if outcome is None and row.kind in ("correct", "rebalance"):
                 outcome = Outcome("done", "recorded: the simulated cluster applies it")
-            else:
+            elif outcome is None:
                 outcome = Outcome("failed", f"unknown action kind {row.kind}")
         except SlurmError as err:
             # The daemon retries a transient error with backoff; a simulated Slurm has no
