@@ -24,6 +24,7 @@ from artemisd import decide, loss, policy, verify
 from artemisd.act import Actuator, Outcome
 from artemisd.auth import Principal
 from artemisd.config import Config
+from artemisd.control import apply as control_apply
 from artemisd.control import reconcile
 from artemisd.incident import Incident, IncidentKind, IncidentState
 from artemisd.job_memory import JobMemory
@@ -233,45 +234,8 @@ class Acting:
         return stored.baseline, loss.during(series, inc.onset_window, window)
 
     def apply(self, stored: StoredIncident, change: reconcile.Change, now: float) -> None:
-        """Carry a ``reconcile.Change`` out: the action rows, messages to people and audit lines first,
-        then the incident that refers to them.  Intent first: a crash between the two decides or closes
-        the incident again after the restart, which may say a thing twice (an escalation's "update:", a
-        job-end notice finds its own and is not queued again) but never loses one."""
-        inc = change.incident
-        if change.decide is not None:
-            stored.decide = change.decide
-        if change.plan_step is not None:
-            stored.plan_step = change.plan_step
-        for marks, mark in ((self._held, change.held), (self._not_back, change.not_back)):
-            if mark:
-                marks.add(stored.id)
-            elif mark is False:
-                marks.discard(stored.id)
-        if change.reopened:
-            stored.action_window = None
-        for effect in change.effects:
-            if isinstance(effect, reconcile.Note):
-                self._audit(inc.id, effect.who, effect.what, effect.why, effect.result, action=effect.action,
-                            now=now)
-            elif isinstance(effect, reconcile.Queue):
-                self.ledger.add_action(inc.id, effect.kind, effect.target, dict(effect.params), effect.status, now)
-            elif isinstance(effect, reconcile.Move):
-                self.ledger.update_action(effect.action_id, effect.status, effect.detail)
-            elif isinstance(effect, reconcile.Approved):
-                self.ledger.set_action_params(effect.action_id, dict(effect.params))
-            elif isinstance(effect, reconcile.ResetShares):
-                directive = {"type": "rebalance", "id": self.store.next_id("rebalance", "RBL-"),
-                             "job": effect.job, "step": effect.step, "shares": {}}
-                self._add_directive(directive["id"], "rebalance", effect.job, effect.step, inc.id, directive, now,
-                                    None)
-                self.ledger.update_action(effect.action_id, "rolled_back", f"reset by {directive['id']}")
-                self._audit(inc.id, "daemon", f"rebalance rolled back ({directive['id']})", effect.why, now=now)
-            elif effect.kind == "escalate" and self.config.daemon.dry_run:
-                self._audit(inc.id, "daemon", "dry-run: would escalate", effect.headline, now=now)
-            else:
-                self.ledger.add_action(inc.id, effect.kind, inc.job, effect.message.params(inc.job), "queued", now)
-        if change.saved:
-            self._save(stored, inc, change.reopened)
+        """Carry a ``reconcile.Change`` out through the ledger (``LedgerSink``)."""
+        control_apply.apply(change, LedgerSink(self, stored, now))
 
     def _last_window(self, inc: Incident, stored: StoredIncident) -> int | None:
         """The newest window the job had begun before the action was done: verification starts after it.
@@ -381,3 +345,64 @@ class Acting:
 
     def _save(self, stored: StoredIncident, inc: Incident, reopening: bool = False) -> None:
         self.ledger.save(stored, inc, reopening)
+
+
+class LedgerSink:
+    """Where the daemon carries a change out (``control.apply``): the action rows, messages to people and
+    audit lines through the ledger first, then the incident that refers to them.  Intent first: a crash
+    between the two decides or closes the incident again after the restart, which may say a thing twice
+    (an escalation's "update:"; a job-end notice finds its own and is not queued again) but never loses
+    one.  Queued actions are performed on later turns (``Performer``)."""
+
+    def __init__(self, acting: Acting, stored: StoredIncident, now: float):
+        self.acting = acting
+        self.stored = stored
+        self.now = now
+        self.incident = stored.id
+
+    def marks(self, change: reconcile.Change) -> None:
+        if change.decide is not None:
+            self.stored.decide = change.decide
+        if change.plan_step is not None:
+            self.stored.plan_step = change.plan_step
+        for marks, mark in ((self.acting._held, change.held), (self.acting._not_back, change.not_back)):
+            if mark:
+                marks.add(self.stored.id)
+            elif mark is False:
+                marks.discard(self.stored.id)
+        if change.reopened:
+            self.stored.action_window = None
+
+    def note(self, note: reconcile.Note) -> None:
+        self.acting.ledger.audit(self.incident, note.who, note.what, note.why, note.result, note.action, self.now)
+
+    def queue(self, queue: reconcile.Queue) -> None:
+        self.acting.ledger.add_action(self.incident, queue.kind, queue.target, dict(queue.params), queue.status,
+                                      self.now)
+
+    def move(self, move: reconcile.Move) -> None:
+        self.acting.ledger.update_action(move.action_id, move.status, move.detail)
+
+    def approved(self, approved: reconcile.Approved) -> None:
+        self.acting.ledger.set_action_params(approved.action_id, dict(approved.params))
+
+    def reset_shares(self, reset: reconcile.ResetShares) -> None:
+        directive_id = self.acting.store.next_id("rebalance", "RBL-")
+        directive = {"type": "rebalance", "id": directive_id, "job": reset.job, "step": reset.step, "shares": {}}
+        self.acting._add_directive(directive_id, "rebalance", reset.job, reset.step, self.incident, directive,
+                                   self.now, None)
+        self.acting.ledger.update_action(reset.action_id, "rolled_back", f"reset by {directive_id}")
+        self.acting.ledger.audit(self.incident, "daemon", f"rebalance rolled back ({directive_id})", reset.why,
+                                 now=self.now)
+
+    def tell(self, tell: reconcile.Tell) -> None:
+        if tell.kind == "escalate" and self.acting.config.daemon.dry_run:
+            self.acting.ledger.audit(self.incident, "daemon", "dry-run: would escalate", tell.headline, now=self.now)
+            return
+        job = self.stored.job
+        self.acting.ledger.add_action(self.incident, tell.kind, job, tell.message.params(job), "queued", self.now)
+
+    def finish(self, change: reconcile.Change) -> None:
+        if change.saved:
+            self.acting._save(self.stored, change.incident, change.reopened)
+

@@ -29,6 +29,7 @@ from typing import Any
 
 from artemisd import decide, loss, policy, verify
 from artemisd.control import actions, reconcile
+from artemisd.control import apply as control_apply
 from artemisd.act import Actuator, Outcome
 from artemisd.config import Config
 from artemisd.incident import Incident, IncidentState
@@ -208,50 +209,8 @@ class Loop:
             self.apply(t, reconcile.Change(t.inc, list(tells), saved=False), now)
 
     def apply(self, t: Tracked, change: reconcile.Change, now: float) -> None:
-        """Carry a ``reconcile.Change`` out in memory, at once: queued actions are performed against the
-        simulated Slurm in the same call, messages to people are recorded (nothing is sent)."""
-        t.inc = change.incident
-        inc = t.inc
-        if change.decide is not None:
-            t.decide = change.decide
-        if change.plan_step is not None:
-            t.plan_step = change.plan_step
-        if change.held is not None:
-            t.held_noted = change.held
-        if change.not_back is not None:
-            t.not_back_noted = change.not_back
-        if change.acted:
-            t.acted_at = now
-        if change.reopened:
-            t.acted_at = None
-            self._open[inc.id] = t
-        to_run: list[ActionRow] = []
-        told: list[reconcile.Tell] = []
-        for effect in change.effects:
-            if isinstance(effect, reconcile.Note):
-                self._note(now, inc.id, effect.who, effect.what, effect.why, effect.result)
-            elif isinstance(effect, reconcile.Queue):
-                row = self._add(inc.id, effect.kind, effect.target, dict(effect.params), effect.status, now)
-                if effect.status == "queued":
-                    to_run.append(row)
-            elif isinstance(effect, reconcile.Move):
-                self._move(effect.action_id, effect.status, effect.detail)
-            elif isinstance(effect, reconcile.Approved):
-                row = self._row(effect.action_id)
-                row.params = dict(effect.params)
-                row.approved_by, row.approved_at = effect.who, effect.at
-            elif isinstance(effect, reconcile.ResetShares):
-                row = self._row(effect.action_id)
-                self._move(row.id, "rolled_back", "shares reset to equal")
-                self._note(now, inc.id, "daemon", f"rebalance {row.target} rolled back", effect.why)
-                if self.on_action is not None:
-                    self.on_action("rebalance", row.target, {**row.params, "shares": {}}, inc)
-            else:
-                told.append(effect)
-        for tell in told:
-            self._tell(t, tell, now)
-        for row in to_run:
-            self._run(row, t, now)
+        """Carry a ``reconcile.Change`` out in memory, at once (``MemorySink``)."""
+        control_apply.apply(change, MemorySink(self, t, now))
 
     def _tell(self, t: Tracked, tell: reconcile.Tell, now: float) -> None:
         """AdminComment and mail (``escalate``) or mail (``notify``), the daemon's text, recorded: the
@@ -523,3 +482,66 @@ class Loop:
         if not callable(clock):
             raise ValueError("no time given and the Slurm backend has no clock")
         return float(clock())
+
+
+class MemorySink:
+    """Where the simulated loop carries a change out (``control.apply``): rows and notes in memory;
+    messages to people are recorded (nothing is sent) once every other effect is in, and the actions
+    queued are performed at once against the simulated Slurm."""
+
+    def __init__(self, loop: Loop, t: Tracked, now: float):
+        self.loop = loop
+        self.t = t
+        self.now = now
+        self.to_run: list[ActionRow] = []
+        self.told: list[reconcile.Tell] = []
+
+    def marks(self, change: reconcile.Change) -> None:
+        t = self.t
+        t.inc = change.incident
+        if change.decide is not None:
+            t.decide = change.decide
+        if change.plan_step is not None:
+            t.plan_step = change.plan_step
+        if change.held is not None:
+            t.held_noted = change.held
+        if change.not_back is not None:
+            t.not_back_noted = change.not_back
+        if change.acted:
+            t.acted_at = self.now
+        if change.reopened:
+            t.acted_at = None
+            self.loop._open[t.inc.id] = t
+
+    def note(self, note: reconcile.Note) -> None:
+        self.loop._note(self.now, self.t.inc.id, note.who, note.what, note.why, note.result)
+
+    def queue(self, queue: reconcile.Queue) -> None:
+        row = self.loop._add(self.t.inc.id, queue.kind, queue.target, dict(queue.params), queue.status, self.now)
+        if queue.status == "queued":
+            self.to_run.append(row)
+
+    def move(self, move: reconcile.Move) -> None:
+        self.loop._move(move.action_id, move.status, move.detail)
+
+    def approved(self, approved: reconcile.Approved) -> None:
+        row = self.loop._row(approved.action_id)
+        row.params = dict(approved.params)
+        row.approved_by, row.approved_at = approved.who, approved.at
+
+    def reset_shares(self, reset: reconcile.ResetShares) -> None:
+        row = self.loop._row(reset.action_id)
+        self.loop._move(row.id, "rolled_back", "shares reset to equal")
+        self.loop._note(self.now, self.t.inc.id, "daemon", f"rebalance {row.target} rolled back", reset.why)
+        if self.loop.on_action is not None:
+            self.loop.on_action("rebalance", row.target, {**row.params, "shares": {}}, self.t.inc)
+
+    def tell(self, tell: reconcile.Tell) -> None:
+        self.told.append(tell)
+
+    def finish(self, change: reconcile.Change) -> None:
+        for tell in self.told:
+            self.loop._tell(self.t, tell, self.now)
+        for row in self.to_run:
+            self.loop._run(row, self.t, self.now)
+
