@@ -47,432 +47,63 @@ import time
 from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from artemisd import decide, verify
 from artemisd.act import Outcome
-from artemisd.config import DEFAULT_POLICY, Config, load_config, parse_config_text
+from artemisd.config import DEFAULT_POLICY, Config
 from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
+from artemisd.sim.closedloop_adapter import (
+    AUTO_POLICY,
+    DETECT_ONLY_POLICY,
+    MODES,
+    PARTITION,
+    PERSON,
+    FleetLoop,
+    LoopSlurm,
+    mode_config,
+)
+from artemisd.sim.closedloop_records import Encounter, Fault, Job, Run
+from artemisd.sim.closedloop_results import ModeResult, summary
+from artemisd.sim.closedloop_scenario import (
+    BUSY_MS,
+    COMM_MS,
+    FALSE_INCIDENT_WINDOWS,
+    FALSE_INCIDENTS_PER_WINDOW,
+    HARDWARE_CAUSES,
+    HEALTHY_STEP_MS,
+    MEASURED_DETECTION,
+    NODE_SCOPED,
+    PROBES_TO_NAME_A_LINK_S,
+    QUICK,
+    SAMPLES_PER_RANK,
+    STEPS_PER_WINDOW,
+    TRANSIENT_CAUSES,
+    TRANSIENT_MEAN_S,
+    WINDOW_NOISE,
+    FleetParams,
+    JobSpec,
+    NodeFaultSpec,
+    Scenario,
+    TransientSpec,
+    draw_scenario,
+)
 from artemisd.sim.cluster import SimSlurm
-from artemisd.sim.loop import Loop
+
+__all__ = [
+    "AUTO_POLICY", "BUSY_MS", "COMM_MS", "CORRECTION_FIXES", "DETECT_ONLY_POLICY", "FALSE_INCIDENTS_PER_WINDOW",
+    "FALSE_INCIDENT_WINDOWS", "HARDWARE_CAUSES", "HEALTHY_CLOCK_MHZ", "HEALTHY_POWER_W", "HEALTHY_STEP_MS",
+    "MEASURED_DETECTION", "MODES", "NODE_SCOPED", "PARTITION", "PERSON", "PROBES_TO_NAME_A_LINK_S", "QUICK",
+    "SAMPLES_PER_RANK", "STEPS_PER_WINDOW", "TRANSIENT_CAUSES", "TRANSIENT_MEAN_S", "WINDOW_NOISE", "Encounter",
+    "Fault", "FleetParams", "FleetSim", "Job", "JobSpec", "ModeResult", "NodeFaultSpec", "Run", "Scenario",
+    "TransientSpec", "draw_scenario", "mode_config", "run_fleet", "summary",
+]
 
 S = IncidentState
-MODES = ("none", "person", "artemis", "artemis-auto")
-AUTO_POLICY = "PartitionPolicy=DEFAULT Auto=rebalance,correct,drain,requeue,escalate"
-# Detect-only: every rung is a recommendation, so every incident the loop would act on goes to a person.
-DETECT_ONLY_POLICY = "PartitionPolicy=DEFAULT Auto=escalate Approve="
-PARTITION = "gpu"
-PERSON = "person"
-
-# --- the job's lockstep step, in ms (the shape verification reads; only ratios matter) ---------
-BUSY_MS = 700.0  # a rank's own work per step
-COMM_MS = 300.0  # the collectives' own time per step
-HEALTHY_STEP_MS = BUSY_MS + COMM_MS
-STEPS_PER_WINDOW = 50
-SAMPLES_PER_RANK = 32  # per step
-WINDOW_NOISE = 0.005  # sd of one window's throughput (1.5 % per step over 50 steps, plus load)
 HEALTHY_CLOCK_MHZ, HEALTHY_POWER_W = 1980, 700
-
-HARDWARE_CAUSES = ("gpu.thermal", "gpu.power", "gpu.clocks", "comm.link")
-TRANSIENT_CAUSES = ("host.cpu", "input.loader", "input.storage")
-# Every rank of one node (the simulator's NODE_DEFAULT_CAUSES): the analysis names the node.
-NODE_SCOPED = frozenset({"host.cpu", "input.storage"})
-# Greyhound/FALCON (Wu et al., USENIX ATC'25): fail-slows last 10 min (compute) / 24 min (network)
-# on average; storage input is read over the network.
-TRANSIENT_MEAN_S = {"host.cpu": 600.0, "input.loader": 600.0, "input.storage": 1440.0}
 # What a correction of each kind undoes.  Heat and a bad link are not settings: no correction helps.
 CORRECTION_FIXES = {"reset_clocks": "gpu.clocks", "restore_power_limit": "gpu.power"}
-
-# The accuracy benchmark's held-out suites (heldout-a, heldout-b, heldout-c: 7 faults per cause,
-# none of them tuned on), at commit f73dcb6, per cause: faults detected of faults, the latency of
-# each detection (confirmed window minus the window the fault became visible), and the cause the
-# first matching incident named.  Regenerate with `benchmarks/fleet.py --measure-detection`.
-MEASURED_DETECTION: dict[str, dict[str, Any]] = {
-    "gpu.thermal": {"detected": 7, "faults": 7, "latency": (1, 1, 0, 1, 1, 1, 1), "named": {"gpu.thermal": 7}},
-    "gpu.power": {"detected": 7, "faults": 7, "latency": (2, 1, 1, 1, 1, 1, 1), "named": {"gpu.power": 7}},
-    "gpu.clocks": {"detected": 7, "faults": 7, "latency": (1, 1, 1, 1, 1, 1, 1), "named": {"gpu.clocks": 7}},
-    # Replay runs no matched probes, so a degraded link is a job-wide incident with cause unknown.
-    "comm.link": {"detected": 7, "faults": 7, "latency": (1, 1, 1, 0, 1, 1, 1), "named": {"unknown": 7}},
-    "host.cpu": {"detected": 7, "faults": 7, "latency": (1, 2, 1, 1, 1, 3, 1),
-                 "named": {"host.cpu": 6, "gpu.power": 1}},
-    "input.loader": {"detected": 7, "faults": 7, "latency": (1, -1, 4, 0, 1, 0, 1), "named": {"input.loader": 7}},
-    "input.storage": {"detected": 7, "faults": 7, "latency": (1, 1, 1, 1, 1, 1, 0), "named": {"input.storage": 7}},
-}
-
-# Confirmed `unknown` incidents of a healthy job under a noisy neighbour (docs/benchmarks.md, "A
-# healthy job under a noisy neighbour", the three runs at 936f706): 6, 8 and 10 in 150 s runs of
-# ~166 windows each (20-step windows of 20-70 ms steps) = 0.048 per analysed window.  The rate is
-# per window (each needs ConfirmWindows flagged windows in a row), so at this fleet's 60 s windows:
-FALSE_INCIDENTS_PER_WINDOW = 24 / (3 * 166)
-# They lasted as long as the neighbour's phases: a few windows.
-FALSE_INCIDENT_WINDOWS = (2, 8)
-# What-if only (``link_probes``): the live daemon asks matched probes about a job-wide slowdown and
-# names a link once two in a row agree (pipeline.py), ProbeMinInterval (300 s) apart.  Replay runs
-# no probes, so the accuracy benchmark cannot measure how often that works; the end-to-end test
-# (tests/cluster/test_e2e.py) shows it working once.
-PROBES_TO_NAME_A_LINK_S = 2 * 300.0
-
-
-@dataclass(frozen=True)
-class FleetParams:
-    """The fleet and every rate in it (docs/benchmarks.md, "The whole loop at fleet scale", gives sources)."""
-
-    nodes: int = 1024
-    gpus_per_node: int = 8
-    days: float = 3.0
-    seed: int = 1
-    tick_s: float = 60.0  # one analysis window; every event lands on a tick
-    window_s: float = 60.0  # 50 steps of ~1.2 s
-    # Job sizes in nodes, heavy-tailed: most jobs are small, most GPU-hours are in the big ones
-    # (Kokolis et al., "Revisiting Reliability in Large-Scale ML Research Clusters", HPCA'25).
-    sizes: tuple[tuple[int, float], ...] = ((1, 0.40), (2, 0.20), (4, 0.14), (8, 0.10), (16, 0.07),
-                                           (32, 0.05), (64, 0.025), (128, 0.015))
-    duration_median_h: float = 4.0  # log-normal run time
-    duration_sigma: float = 0.8
-    duration_h: tuple[float, float] = (0.5, 48.0)
-    limit_factor: tuple[float, float] = (1.2, 2.0)  # time limit / run time, rounded up to the hour
-    offered_load: float = 0.95  # node-hours submitted per node-hour of the cluster
-    checkpoint_min: tuple[float, float] = (15.0, 60.0)  # per job, uniform
-    restart_min: tuple[float, float] = (3.0, 10.0)  # per job, uniform
-    hardware_per_node_day: float = 0.016  # gpu.thermal, gpu.power, gpu.clocks, comm.link together
-    transient_per_job_hour: float = 0.09  # host.cpu, input.loader, input.storage together
-    false_per_window: float = FALSE_INCIDENTS_PER_WINDOW
-    magnitude: tuple[float, float] = (0.05, 0.40)  # log-uniform: busy (or step) time rises by m
-    person_response_s: float = 1800.0  # Minder (NSDI'25): 30+ min on average to find a faulty machine
-    repair_s: float = 8 * 3600.0  # drained node back in service (assumed: no published figure)
-    health_check_s: float = 300.0  # the root-side node check's interval (Slurm HealthCheckInterval)
-    decoy_rate: float = 0.05  # healthy GPU readings with sw_power_cap at the default limit (sim spec)
-    rebalance_opt_in: float = 0.5  # jobs whose ranks read work shares (assumed)
-    decide_every_s: float = 300.0  # the loop's turn for incidents that wait (held, cooldown)
-    # Jobs submitted within ``days`` run to their end (no new arrivals after it), so an action's cost
-    # and what it saves later are both counted; at most this long after ``days``.
-    tail_days: float = 5.0
-
-    @property
-    def horizon_s(self) -> float:
-        """Jobs arrive until then."""
-        return self.days * 86400.0
-
-    @property
-    def end_s(self) -> float:
-        """The simulation stops when every job has ended, or at the latest then."""
-        return (self.days + self.tail_days) * 86400.0
-
-
-QUICK = FleetParams(nodes=64, days=0.5, sizes=((1, 0.45), (2, 0.25), (4, 0.15), (8, 0.1), (16, 0.05)),
-                    hardware_per_node_day=0.04, transient_per_job_hour=0.3)
-
-
-# --- the scenario: everything drawn from the seed, the same in every mode -----------------------
-
-
-@dataclass(frozen=True)
-class TransientSpec:
-    offset_s: float  # after the job's first start
-    cause: str
-    duration_s: float
-    magnitude: float
-    node_index: int  # which of the job's nodes
-    gpu: int
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    id: str
-    nodes: int
-    work_s: float  # healthy run time still to do at submission
-    limit_s: float
-    checkpoint_s: float
-    restart_s: float
-    submit: float
-    opt_in: bool
-    done_s: float = 0.0  # work already done before the simulation started (the prefill)
-    transients: tuple[TransientSpec, ...] = ()
-    false_alarms: tuple[tuple[float, float, int], ...] = ()  # (offset s, duration s, rank)
-
-
-@dataclass(frozen=True)
-class NodeFaultSpec:
-    id: int
-    time: float
-    node: int
-    cause: str
-    magnitude: float
-    gpu: int
-
-
-@dataclass(frozen=True)
-class Scenario:
-    params: FleetParams
-    jobs: tuple[JobSpec, ...]
-    node_faults: tuple[NodeFaultSpec, ...]
-
-
-def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
-    return float(math.exp(rng.uniform(math.log(low), math.log(high))))
-
-
-def draw_scenario(p: FleetParams) -> Scenario:
-    """The jobs and faults of one fleet, from ``p.seed``: every mode meets the same ones."""
-    # One stream per kind of draw, so a change to one rate leaves the other draws as they were.
-    rng, rng_tr, rng_fa, rng_hw = (np.random.default_rng(s) for s in np.random.SeedSequence(p.seed).spawn(4))
-    sizes = np.array([s for s, _ in p.sizes if s <= p.nodes])
-    weights = np.array([w for s, w in p.sizes if s <= p.nodes], dtype=float)
-    weights /= weights.sum()
-    mean_h = p.duration_median_h * math.exp(p.duration_sigma ** 2 / 2)
-    job_rate_per_s = p.offered_load * p.nodes / (float(sizes @ weights) * mean_h * 3600.0)
-
-    def job(index: int, submit: float, prefill: bool) -> JobSpec:
-        nodes = int(rng.choice(sizes, p=weights))
-        hours = float(np.clip(p.duration_median_h * math.exp(rng.normal(0.0, p.duration_sigma)), *p.duration_h))
-        run_s = hours * 3600.0
-        limit_s = math.ceil(run_s * rng.uniform(*p.limit_factor) / 3600.0) * 3600.0
-        done = float(rng.uniform(0.0, run_s)) if prefill else 0.0
-        # Transient faults and false alarms arrive in the job's own time (Poisson), whatever the mode.
-        span = limit_s * 2.0  # a requeued or slowed job may run past its first limit
-        transients = []
-        t = float(rng_tr.exponential(3600.0 / p.transient_per_job_hour)) if p.transient_per_job_hour > 0 \
-            else math.inf
-        while t < span:
-            cause = str(rng_tr.choice(TRANSIENT_CAUSES))
-            transients.append(TransientSpec(t, cause, float(rng_tr.exponential(TRANSIENT_MEAN_S[cause])),
-                                            _log_uniform(rng_tr, *p.magnitude), int(rng_tr.integers(nodes)),
-                                            int(rng_tr.integers(p.gpus_per_node))))
-            t += float(rng_tr.exponential(3600.0 / p.transient_per_job_hour))
-        alarms = []
-        rate = p.false_per_window / p.window_s
-        t = float(rng_fa.exponential(1.0 / rate)) if rate > 0 else math.inf
-        while t < span:
-            windows = int(rng_fa.integers(FALSE_INCIDENT_WINDOWS[0], FALSE_INCIDENT_WINDOWS[1] + 1))
-            alarms.append((t, windows * p.window_s, int(rng_fa.integers(nodes * p.gpus_per_node))))
-            t += float(rng_fa.exponential(1.0 / rate))
-        return JobSpec(str(index), nodes, run_s - done, limit_s, 60.0 * float(rng.uniform(*p.checkpoint_min)),
-                       60.0 * float(rng.uniform(*p.restart_min)), submit, bool(rng.random() < p.rebalance_opt_in),
-                       done, tuple(transients), tuple(alarms))
-
-    jobs: list[JobSpec] = []
-    # A cluster already busy at t = 0: jobs part-way through, as many as fill it.
-    filled = 0
-    while True:
-        j = job(1000 + len(jobs), 0.0, prefill=True)
-        if filled + j.nodes > p.nodes:
-            break
-        filled += j.nodes
-        jobs.append(j)
-    t = float(rng.exponential(1.0 / job_rate_per_s))
-    while t < p.horizon_s:
-        jobs.append(job(1000 + len(jobs), t, prefill=False))
-        t += float(rng.exponential(1.0 / job_rate_per_s))
-    faults: list[NodeFaultSpec] = []
-    rate = p.hardware_per_node_day * p.nodes / 86400.0
-    t = float(rng_hw.exponential(1.0 / rate)) if rate > 0 else math.inf
-    while t < p.end_s:
-        faults.append(NodeFaultSpec(len(faults) + 1, t, int(rng_hw.integers(p.nodes)),
-                                    str(rng_hw.choice(HARDWARE_CAUSES)), _log_uniform(rng_hw, *p.magnitude),
-                                    int(rng_hw.integers(p.gpus_per_node))))
-        t += float(rng_hw.exponential(1.0 / rate))
-    return Scenario(p, tuple(jobs), tuple(faults))
-
-
-# --- the simulated fleet -------------------------------------------------------------------------
-
-
-@dataclass
-class Fault:
-    """A fault as it is now: on a node (hardware, until fixed) or on a job's run (transient)."""
-
-    id: str
-    cause: str
-    magnitude: float
-    node: int
-    gpu: int
-    onset: float
-    end: float = math.inf  # transient: when it ends by itself
-    fixed_at: float | None = None
-    fixed_by: str | None = None
-    job: str | None = None  # transient: the job (run) it belongs to
-    run: int = 0
-
-    def active(self, now: float) -> bool:
-        return self.fixed_at is None and now < self.end
-
-
-@dataclass
-class Encounter:
-    """One fault met by one run of one job: what the analysis would see, and what came of it."""
-
-    fault: Fault | None  # None: a false alarm on a healthy job
-    job: str
-    run: int
-    onset: float
-    rank: int
-    named: str
-    kind: IncidentKind
-    due: float | None  # when the analysis confirms it (None: never)
-    incident: str | None = None
-    detected_at: float | None = None
-    ended_at: float | None = None  # the job stopped suffering from it
-    ended_by: str | None = None  # "itself", "job end", or the action that ended it
-    verified_at: float | None = None
-    alarm_end: float = math.inf
-
-
-@dataclass
-class Run:
-    """One run of a job (a requeue starts the next one)."""
-
-    number: int
-    nodes: tuple[int, ...]
-    start: float
-    windows_from: float  # training (and windows) resume after the restart
-    segments: list[tuple[float, float, float, float]] = field(default_factory=list)  # (t, step, pace, coll)
-    ended: float | None = None
-    windows: dict[int, verify.WindowShape] = field(default_factory=dict)  # complete windows, as measured
-
-
-@dataclass
-class Job:
-    spec: JobSpec
-    state: str = "queued"  # queued | running | requeued | done | timeout
-    runs: list[Run] = field(default_factory=list)
-    progress: float = 0.0  # healthy seconds of work done in the simulation
-    shares: dict[int, float] = field(default_factory=dict)
-    step_ms: float = HEALTHY_STEP_MS
-    first_start: float | None = None
-    excluded: set[int] = field(default_factory=set)
-    cause_now: str | None = None
-    run: Run = None  # type: ignore[assignment]  # the current (or last) run: runs[-1]
-    # Each requeue: (when, work done before it, work thrown away: what was done since the last checkpoint).
-    requeue_losses: list[tuple[float, float, float]] = field(default_factory=list)
-
-
-@dataclass
-class ModeResult:
-    """What one mode did to the fleet; every number the benchmark reports comes from here."""
-
-    mode: str
-    gpu_hours_total: float = 0.0  # GPU-hours jobs held (running)
-    slow_gpu_hours: float = 0.0  # lost to slowed steps
-    slow_by_cause: dict[str, float] = field(default_factory=dict)
-    requeues: int = 0
-    requeue_gpu_hours: float = 0.0  # work since the last checkpoint + the restart, every GPU
-    timeouts: int = 0
-    timeout_gpu_hours: float = 0.0  # work since the last checkpoint of jobs killed at their time limit
-    jobs_started: int = 0
-    jobs_finished: int = 0
-    faults: int = 0  # hardware faults that arrived
-    encounters: int = 0  # (fault, job run) pairs
-    faulty_jobs: int = 0  # jobs that met at least one fault
-    detected: int = 0
-    false_alarms: int = 0
-    drains: int = 0
-    healthy_drains: int = 0
-    healthy_drain_node_hours: float = 0.0
-    drains_by: dict[str, int] = field(default_factory=dict)
-    corrections: int = 0
-    rebalances: int = 0
-    budget_refusals: int = 0
-    verdicts: int = 0
-    verdicts_recovered: int = 0
-    recovery_minutes: list[float] = field(default_factory=list)  # onset -> fixed, faults an action ended
-    recovery_by_cause: dict[str, list[float]] = field(default_factory=dict)
-    verified_minutes: list[float] = field(default_factory=list)  # onset -> verified recovery (artemis)
-    waits: Counter = field(default_factory=Counter)  # requeues the price refused, by the fault's true cause
-    # A person's requeues priced as the loop would have (decide.rung_cost, the default policy):
-    # (pays, requeue cost GPU-h, slowdown cost GPU-h while it lasts).
-    person_requeue_prices: list[tuple[bool, float, float]] = field(default_factory=list)
-    wait_examples: list[str] = field(default_factory=list)
-    escalations: int = 0
-    approvals: int = 0
-    cumulative: list[tuple[float, float]] = field(default_factory=list)  # (hours, GPU-hours lost so far)
-    incident_states: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def median_recovery(self, causes: Iterable[str]) -> float | None:
-        return _median([m for c in causes for m in self.recovery_by_cause.get(c, ())])
-
-    @property
-    def lost_gpu_hours(self) -> float:
-        return self.slow_gpu_hours + self.requeue_gpu_hours + self.timeout_gpu_hours
-
-    def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("recovery_minutes", "verified_minutes",
-                                                                   "cumulative", "waits", "recovery_by_cause")}
-        out["median_recovery_minutes_by_cause"] = {c: _median(v) for c, v in sorted(self.recovery_by_cause.items())}
-        out["median_recovery_minutes_hardware"] = self.median_recovery(HARDWARE_CAUSES)
-        out["waits"] = dict(self.waits)
-        out["lost_gpu_hours"] = self.lost_gpu_hours
-        out["median_recovery_minutes"] = _median(self.recovery_minutes)
-        out["median_verified_minutes"] = _median(self.verified_minutes)
-        out["cumulative"] = [(round(h, 3), round(v, 2)) for h, v in self.cumulative]
-        return out
-
-
-def _median(values: list[float]) -> float | None:
-    return float(np.median(values)) if values else None
-
-
-class _Slurm:
-    """The SimSlurm as the loop sees it, with ``partition_nodes`` answered from a copy.
-
-    The daemon reads the partition's nodes before every decision (the drain
-    budget must see a person's resume at once); building a thousand
-    ``NodeInfo`` for each of tens of thousands of decisions would be most of
-    the run.  The copy is rebuilt whenever a drain or resume happens (the
-    loop's, through this object, or a person's, through ``changed``): the
-    drain flags and reasons the budget reads are always current; the base
-    states (IDLE, ALLOCATED) in it are those of the last rebuild.
-    """
-
-    def __init__(self, slurm: SimSlurm):
-        self._slurm = slurm
-        self._nodes: dict[str, tuple] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._slurm, name)
-
-    def changed(self) -> None:
-        self._nodes.clear()
-
-    def partition_nodes(self, partition: str) -> tuple:
-        nodes = self._nodes.get(partition)
-        if nodes is None:
-            nodes = self._nodes[partition] = self._slurm.partition_nodes(partition)
-        return nodes
-
-    def drain(self, node: str, reason: str) -> None:
-        self._slurm.drain(node, reason)
-        self.changed()
-
-    def resume(self, node: str) -> None:
-        self._slurm.resume(node)
-        self.changed()
-
-
-class _FleetLoop(Loop):
-    """The loop, deciding only the incidents named: a fleet holds thousands of closed incidents,
-    and ``Loop.tick`` walks them all on every turn."""
-
-    def decide(self, ids: Iterable[str], now: float) -> None:
-        for incident_id in ids:
-            t = self.tracked(incident_id)
-            if t.decide and t.inc.state in (S.CONFIRMED, S.UNRESOLVED, S.ESCALATED):
-                self._decide(t, now)
-
-
-def mode_config(mode: str, policy: str | Path | None = None) -> Config | None:
-    """The settings a mode's loop runs with (None: the mode runs no loop)."""
-    if mode == "artemis":
-        return load_config(policy)
-    if mode == "artemis-auto":
-        return parse_config_text(AUTO_POLICY, "<artemis-auto>")
-    if mode == "person":
-        return parse_config_text(DETECT_ONLY_POLICY, "<person>")
-    return None
 
 
 class FleetSim:
@@ -493,12 +124,12 @@ class FleetSim:
         self.index = {n: i for i, n in enumerate(self.names)}
         for name in self.names:
             self.slurm.add_node(name, PARTITION, gpus=p.gpus_per_node)
-        self.loop: _FleetLoop | None = None
-        self.loop_slurm: _Slurm | None = None
+        self.loop: FleetLoop | None = None
+        self.loop_slurm: LoopSlurm | None = None
         if mode != "none":
             assert self.config is not None
-            self.loop_slurm = _Slurm(self.slurm)
-            self.loop = _FleetLoop(self.config, self.loop_slurm, on_action=self.on_action)
+            self.loop_slurm = LoopSlurm(self.slurm)
+            self.loop = FleetLoop(self.config, self.loop_slurm, on_action=self.on_action)
         self.jobs: dict[str, Job] = {j.id: Job(j) for j in scenario.jobs}
         self.arrivals = deque(scenario.jobs)
         self.queue: deque[str] = deque()
@@ -1397,30 +1028,5 @@ def run_fleet(params: FleetParams, modes: Iterable[str] = MODES, policy: str | P
     return out
 
 
-def summary(results: dict[str, ModeResult]) -> str:
-    """The table the benchmark and ``artemis sim --fleet`` print."""
-    base = results.get("none")
-    rows = [("mode", "GPU-h lost", "slow", "requeue", "timeout", "recovered vs none", "healthy drains /1k jobs",
-             "drains", "budget refusals", "median onset->fixed min (hardware)", "median onset->verified min",
-             "verified recovered", "requeues", "jobs")]
-    for mode, r in results.items():
-        recovered = "-" if base is None or base.lost_gpu_hours <= 0 or mode == "none" else \
-            f"{100.0 * (1.0 - r.lost_gpu_hours / base.lost_gpu_hours):.1f} %"
-        per_k = 1000.0 * r.healthy_drains / max(1, r.jobs_started)
-        verified = f"{r.verdicts_recovered}/{r.verdicts}" if r.verdicts else "-"
-        rows.append((mode, f"{r.lost_gpu_hours:.1f}", f"{r.slow_gpu_hours:.1f}", f"{r.requeue_gpu_hours:.1f}",
-                     f"{r.timeout_gpu_hours:.1f}",
-                     recovered, f"{per_k:.2f} ({r.healthy_drains})", str(r.drains), str(r.budget_refusals),
-                     f"{_fmt(_median(r.recovery_minutes))} ({_fmt(r.median_recovery(HARDWARE_CAUSES))})",
-                     _fmt(_median(r.verified_minutes)), verified,
-                     str(r.requeues), str(r.jobs_started)))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
-
-
 def _incident_no(incident_id: str) -> int:
     return int(incident_id.rpartition("-")[2])
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
