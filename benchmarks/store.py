@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the medians here")
     args = ap.parse_args()
 
-    from artemisd.store_pg import PostgresStore
+    from artemisd.store.postgres import PostgresStore
 
     server = PgServer(durable=True).start()
     runs: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgresql": [], "postgresql async": []}

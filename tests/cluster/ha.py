@@ -74,7 +74,7 @@ class Pair:
 
     @contextmanager
     def running(self) -> Iterator[Pair]:
-        from artemisd.store_pg import PostgresStore
+        from artemisd.store.postgres import PostgresStore
 
         with ExitStack() as stack:
             stack.callback(self.pg.drop_database, self.dbname)

@@ -200,7 +200,7 @@ def cut_lab() -> Iterator[NetLab]:
 def test_leader_cut_off_from_the_database_stands_down_and_is_fenced(
         clean_cluster: SlurmCluster, pg_server, cut_lab: NetLab, tmp_path):  # noqa: F811
     from artemisd.lease import Fenced
-    from artemisd.store_pg import PostgresStore
+    from artemisd.store.postgres import PostgresStore
 
     hop = cut_lab.nodes["pg"]
     relay = spawn("pg-relay", ["ip", "netns", "exec", hop.netns, sys.executable, "-m", "tests.cluster.relay",

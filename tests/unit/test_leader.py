@@ -257,7 +257,7 @@ def test_what_a_standby_stored_before_the_leader_died_is_analysed_by_the_next_le
 def test_a_store_reconnects_after_the_server_restarts(pg_server):  # noqa: F811
     import psycopg
 
-    from artemisd.store_pg import PostgresStore
+    from artemisd.store.postgres import PostgresStore
 
     url = pg_server.create_database("restarted")
     store = PostgresStore(url, password=PASSWORD)

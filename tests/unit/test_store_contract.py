@@ -57,7 +57,7 @@ def backend(request, tmp_path) -> Iterator[Backend]:
         return
     import psycopg
 
-    from artemisd.store_pg import PostgresStore
+    from artemisd.store.postgres import PostgresStore
 
     server: PgServer = request.getfixturevalue("pg_server")
     name = f"contract{next(_names)}"
@@ -144,8 +144,8 @@ def test_records_replay_in_order_in_pages_bounded_by_bytes(backend, store, monke
     """A batch row holds a window of every rank: PostgreSQL pages by bytes as well as rows (SQLite's cursor
     is lazy row by row), and a row larger than a page is a page of its own."""
     if backend.name == "postgresql":
-        import artemisd.store_pg
-        monkeypatch.setattr(artemisd.store_pg, "_RECORDS_PAGE_BYTES", 200)
+        import artemisd.store.postgres
+        monkeypatch.setattr(artemisd.store.postgres, "_RECORDS_PAGE_BYTES", 200)
     bodies = [batch(w, ranks) for w, ranks in enumerate([1, 2, 12, 1, 1, 1, 30, 2])]
     store.add_records([("1", w, None, float(w), None, False, body, body.count("{")) for w, body in enumerate(bodies)])
     assert [(r.body, r.items) for r in store.records()] == [(b, b.count("{")) for b in bodies]
@@ -337,7 +337,7 @@ def test_a_batchs_item_is_quarantined_alone_and_once(store):
 def test_postgresql_compresses_batch_bodies_with_lz4(pg_server):
     """A 100k-rank window is ~100 MB of JSON in batch rows; PostgreSQL's default TOAST compression (pglz)
     cost the server 1.7 CPU-s per 100k reports, lz4 0.6 (docs/benchmarks.md)."""
-    from artemisd.store_pg import PostgresStore
+    from artemisd.store.postgres import PostgresStore
 
     url = pg_server.create_database("lz4")
     store = PostgresStore(url, password=PASSWORD)
