@@ -1,16 +1,21 @@
-"""The whole loop at fleet scale, its results: what one mode did to the fleet (``ModeResult``) and the
-table the benchmark and ``artemis sim --fleet`` print (``summary``)."""
+"""The whole loop at fleet scale, its results: what one mode did to the fleet (``ModeResult``), how the
+GPU-hours and minutes in it are booked as the fleet runs (``Accounting``), and the table the benchmark
+and ``artemis sim --fleet`` print (``summary``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from artemisd.sim.closedloop_scenario import HARDWARE_CAUSES
+from artemisd.sim.closedloop_records import Encounter, Job
+from artemisd.sim.closedloop_scenario import HARDWARE_CAUSES, HEALTHY_STEP_MS
+
+if TYPE_CHECKING:
+    from artemisd.sim.closedloop_adapter import FleetLoop
 
 
 @dataclass
@@ -78,6 +83,108 @@ class ModeResult:
 def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
+
+class Accounting:
+    """Books into a mode's ``ModeResult`` the GPU-hours its jobs hold and lose (slowed steps, work a
+    requeue or a time limit throws away), the node-hours of healthy nodes drained, and the minutes from
+    a fault's onset to its end; and, at the end, what the loop did (``read_out``).  Plain counts
+    (faults, detections, actions) are counted where they happen."""
+
+    def __init__(self, result: ModeResult, gpus_per_node: int):
+        self.result = result
+        self.gpus_per_node = gpus_per_node
+
+    def sample(self, now: float) -> None:
+        """A point of the curve of GPU-hours lost so far."""
+        self.result.cumulative.append((now / 3600.0, self.result.lost_gpu_hours))
+
+    def last_sample(self, now: float) -> None:
+        """The curve's last point, at the time reached (unless one was taken then)."""
+        hours = now / 3600.0
+        if not self.result.cumulative or self.result.cumulative[-1][0] < hours:
+            self.result.cumulative.append((hours, self.result.lost_gpu_hours))
+
+    def advance(self, running: Iterable[Job], now: float, dt: float) -> None:
+        """``dt`` seconds of the running jobs: the GPU-hours they hold, the work they do at their step's
+        pace, and what a slowed step loses, by the cause slowing it most."""
+        r = self.result
+        g = self.gpus_per_node
+        for job in running:
+            gpus = job.spec.nodes * g
+            r.gpu_hours_total += gpus * dt / 3600.0
+            if now + dt <= job.run.windows_from:
+                continue  # restarting: booked as the requeue's cost
+            rate = HEALTHY_STEP_MS / job.step_ms
+            job.progress += dt * rate
+            if rate < 1.0:
+                lost = gpus * (1.0 - rate) * dt / 3600.0
+                r.slow_gpu_hours += lost
+                # No fault left: the rebalance still in place makes the others carry the moved work.
+                cause = job.cause_now or "rebalance left in place"
+                r.slow_by_cause[cause] = r.slow_by_cause.get(cause, 0.0) + lost
+
+    def requeued(self, job: Job, now: float) -> None:
+        """A requeue throws away the job's work since its last checkpoint and pays its restart."""
+        # Checkpoints fall every checkpoint_s of the job's work, counted from its very start (a job
+        # already running at t = 0 brought done_s with it).
+        lost = (job.spec.done_s + job.progress) % job.spec.checkpoint_s
+        job.requeue_losses.append((now, job.progress, lost))
+        job.progress -= lost
+        gpus = job.spec.nodes * self.gpus_per_node
+        r = self.result
+        r.requeues += 1
+        r.requeue_gpu_hours += gpus * (lost + job.spec.restart_s) / 3600.0
+
+    def timed_out(self, job: Job) -> None:
+        """Killed at its limit: resubmitted, it starts again from its last checkpoint."""
+        self.result.timeouts += 1
+        self.result.timeout_gpu_hours += job.spec.nodes * self.gpus_per_node * \
+            ((job.spec.done_s + job.progress) % job.spec.checkpoint_s) / 3600.0
+
+    def drained(self, who: str, healthy: bool) -> None:
+        r = self.result
+        r.drains += 1
+        r.drains_by[who] = r.drains_by.get(who, 0) + 1
+        if healthy:
+            r.healthy_drains += 1
+
+    def undrained(self, since: float, healthy: bool, now: float) -> None:
+        """A drained node back in service (or still drained at the end): a healthy one's hours were lost."""
+        if healthy:
+            self.result.healthy_drain_node_hours += (now - since) / 3600.0
+
+    def recovered(self, enc: Encounter, by: str, now: float) -> None:
+        """A fault stopped slowing a job: the minutes since its onset, if an action (not time, not the
+        job's end) ended it."""
+        if by not in ("itself", "job end") and enc.fault is not None:
+            self.result.recovery_minutes.append((now - enc.onset) / 60.0)
+            self.result.recovery_by_cause.setdefault(enc.fault.cause, []).append((now - enc.onset) / 60.0)
+
+    def verdict(self, enc: Encounter, recovered: bool, now: float) -> None:
+        """The loop's verification judged an action: recovered or not, and when."""
+        r = self.result
+        r.verdicts += 1
+        if recovered:
+            r.verdicts_recovered += 1
+            if enc.fault is not None:
+                r.verified_minutes.append((now - enc.onset) / 60.0)
+
+    def read_out(self, faulty_jobs: int, loop: FleetLoop | None, by_incident: Mapping[str, Encounter]) -> None:
+        """At the end: the jobs that met a fault, and what the loop did (budget refusals, the incidents'
+        states, the requeues its price refused and the faults they were about)."""
+        r = self.result
+        r.faulty_jobs = faulty_jobs
+        if loop is not None:
+            r.budget_refusals = loop.budget_refusals
+            states = Counter(loop.tracked(i).inc.state.value for i in by_incident)
+            r.incident_states = dict(sorted(states.items()))
+            for note in loop.notes():
+                if note.what == "escalated" and "waiting is cheaper" in note.why:
+                    enc = by_incident.get(note.incident or "")
+                    cause = enc.fault.cause if enc is not None and enc.fault is not None else "none (false alarm)"
+                    r.waits[cause] += 1
+                    if len(r.wait_examples) < 6:
+                        r.wait_examples.append(f"{note.incident} ({cause}): {note.why}")
 
 
 def summary(results: dict[str, ModeResult]) -> str:
