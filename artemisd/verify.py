@@ -29,10 +29,7 @@ import numpy as np
 from artemisd.control import actions
 from artemisd.control.actions import ActionKind
 from artemisd.detect import MAD_TO_SIGMA
-# What a slowdown costs is measured in loss.py; verification and its callers read it here too.
-from artemisd.loss import (  # noqa: F401
-    BASELINE_WINDOWS, LOSS_TOLERANCE_PCT, baseline, during, incident_loss, loss_evidence, loss_summary,
-    measured_loss, over_life, window_throughput)
+from artemisd.loss import BASELINE_WINDOWS
 
 # Causes whose fault lives in a rank's own work, not in the collectives it joins:
 # their verification may count the collectives' own time as the machine's pace.

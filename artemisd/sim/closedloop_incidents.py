@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from artemisd import verify
+from artemisd import loss, verify
 from artemisd.incident import Cause, Evidence, Incident, IncidentKind, IncidentState
 from artemisd.sim.closedloop_records import Encounter, Job
 from artemisd.sim.closedloop_scenario import BUSY_MS, HEALTHY_STEP_MS
@@ -193,8 +193,8 @@ class Incidents:
         restarted = current_run.number != enc.run
         action_w = physics.window_of(origin_run, acted)
         rules = verify.Rules.of(self.sim.config.daemon)
-        # During the slowdown only its median is read (verify.during): the last hour of it is plenty.
-        origin = physics.windows(job, origin_run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1) + \
+        # During the slowdown only its median is read (loss.during): the last hour of it is plenty.
+        origin = physics.windows(job, origin_run, onset_w - loss.BASELINE_WINDOWS, onset_w - 1) + \
             physics.windows(job, origin_run, max(onset_w, action_w - 60), action_w)
         after = rules.warmup + rules.windows_lasting(self.p.window_s) + 2
         if restarted:
@@ -208,7 +208,7 @@ class Incidents:
         elif origin_run.ended is not None:
             last_seen = origin_run.ended
         series = [(w.seq, w.throughput) for w in origin]
-        return verify.Evidence(verify.baseline(series, onset_w), origin, current, restarted, onset_w,
+        return verify.Evidence(loss.baseline(series, onset_w), origin, current, restarted, onset_w,
                                None if restarted else action_w, last_seen)
 
     def _verify(self, inc_id: str) -> None:
@@ -246,8 +246,8 @@ class Incidents:
         last = physics.window_of(run, now) - 1
         since = last - rules.windows_lasting(self.p.window_s)
         onset_w = max(0, physics.window_of(run, enc.onset))
-        origin = physics.windows(job, run, onset_w - verify.BASELINE_WINDOWS, onset_w - 1)
-        baseline = verify.baseline([(w.seq, w.throughput) for w in origin], onset_w)
+        origin = physics.windows(job, run, onset_w - loss.BASELINE_WINDOWS, onset_w - 1)
+        baseline = loss.baseline([(w.seq, w.throughput) for w in origin], onset_w)
         measured = None
         if baseline is not None:
             ev = verify.Evidence(baseline, origin, physics.windows(job, run, since + 1, last), False, onset_w, None,

@@ -175,7 +175,7 @@ def test_degraded_link_is_localised_to_the_node(
     with faults.DegradedLink(slurm_cluster, node):
         # At the shipped ProbeMinInterval (300 s) a link's first probe may wait that long: on this
         # loaded box a start-up slowdown of every rank's work often takes the job's first probe, and
-        # the link's question is asked when the interval allows (pipeline._ask_about_links_again).
+        # the link's question is asked when the interval allows (pipeline_probes.ProbeDesk.ask_about_links_again).
         incident = job.wait_incident(lambda i: i["cause"] == "comm.link" and i["state"] != "dismissed",
                                      "a comm.link incident", timeout_s=wait_s)
     assert incident["node"] == node or node in str(incident.get("link")), json.dumps(incident)
