@@ -160,13 +160,15 @@ class Acting:
                nodes: tuple[NodeInfo, ...], now: float, info: JobInfo | None = None) -> decide.Facts:
         """What the decision needs, read from the store, the analyzer and Slurm (``nodes``, read just now)."""
         evidence = self.store.node_evidence(inc.node) if inc.node else None
+        peers = tuple(ev for n in decide.peer_nodes(inc, info.nodes if info is not None else ())
+                      if (ev := self.store.node_evidence(n)) is not None)
         targets = {t for t in (inc.node, inc.link, inc.job, f"{inc.job}:{inc.rank}") if t}
         last = {t: when for t in targets if (when := self.store.last_action_on(t, inc.id)) is not None}
         series = self.analyzer.throughput(inc.job, self.memory.run_key(inc.job, stored.step or "0"))
         return decide.Facts(
             now=now, partition=partition, nodes=nodes,
             drains=self._drains(), last_action=last, rebalance_opt_in=inc.job in self.memory.rebalance_opt_in,
-            node_evidence=evidence, gpu=self._gpu_of(inc),
+            node_evidence=evidence, peer_evidence=peers, gpu=self._gpu_of(inc),
             awaiting_probe=inc.kind is IncidentKind.JOB and self._awaiting_probe(stored, now),
             opened_at=stored.created,
             measured_loss_pct=loss.incident_loss(stored.baseline, series, inc.onset_window, bool(inc.recurrences)),

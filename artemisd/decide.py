@@ -22,11 +22,11 @@ cheapest that pays.  Every rung walked past is written down with why.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from artemisd import policy
+from artemisd import fabric, policy
 from artemisd.control import actions
 from artemisd.config import Config, PartitionPolicy
 from artemisd.incident import TRANSITIONS, Action, Cause, Evidence, Incident, IncidentKind, IncidentState
@@ -45,6 +45,7 @@ PERSISTENT_CAUSES = frozenset({Cause.GPU_CLOCKS, Cause.GPU_POWER, Cause.GPU_THER
 # The longest a drain or requeue waits for the node's root-side check to look at the node after the
 # incident opened (``corroboration_due``): a site's node check runs every few seconds to minutes.
 CORROBORATION_WAIT_S = 300.0
+PEERS_READ = 64
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Facts:
     budget); ``drains``: every drain Artemis decided, any incident;
     ``last_action``: target -> when *another* incident last acted on it
     (cooldowns are between incidents); ``node_evidence``: (received, body) of
-    the incident node's latest root-side node event; ``gpu``: the subject
+    the incident node's latest root-side node event, ``peer_evidence`` the
+    job's other nodes' (a link's fabric counters are read against them); ``gpu``: the subject
     rank's device index; ``opened_at``: when the incident was opened;
     ``measured_loss_pct``: the job's samples/s below healthy now; ``gpus``:
     the job's GPU (rank) count; ``time_left_s``: until the job's time limit
@@ -70,6 +72,7 @@ class Facts:
     last_action: Mapping[str, float] = field(default_factory=dict)
     rebalance_opt_in: bool = False
     node_evidence: tuple[float, dict[str, Any]] | None = None
+    peer_evidence: tuple[tuple[float, dict[str, Any]], ...] = ()
     gpu: int | None = None
     awaiting_probe: bool = False
     opened_at: float | None = None
@@ -128,7 +131,9 @@ class Plan:
     reason), and ``rest`` the rungs after ``action`` that the loop would try
     next if it does not help: what ``artemis replay --policy`` prints.
     ``state``: the incident's new state (None: unchanged); ``plan_step``:
-    the ladder position after this plan.
+    the ladder position after this plan.  ``evidence``: root-side readings the
+    decision read that the incident's evidence should show (a link's fabric
+    counters, with the peers' values).
     """
 
     plan_step: int
@@ -141,6 +146,7 @@ class Plan:
     walked: tuple[Step, ...] = ()
     rest: tuple[Step, ...] = ()
     notes: tuple[Note, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
 
 
 def drain_reason(incident_id: str, cause: str, rank: int | None, ratio: float | None) -> str:
@@ -322,7 +328,8 @@ def judge(kind: str, inc: Incident, config: Config, pol: PartitionPolicy, facts:
         ev = facts.node_evidence
         corroboration = policy.corroborated(
             inc, ev[1] if ev else None, policy.evidence_age(ev[0], ev[1], facts.now) if ev else None,
-            d.evidence_max_age, d.hard_action_evidence, config.analysis.min_slowdown, facts.gpu)
+            d.evidence_max_age, d.hard_action_evidence, config.analysis.min_slowdown, facts.gpu,
+            fresh_peers(facts, d.evidence_max_age))
     budget = (True, "")
     if kind == "drain":
         budget = drain_budget(pol, facts)
@@ -341,6 +348,31 @@ def judge(kind: str, inc: Incident, config: Config, pol: PartitionPolicy, facts:
         return Step(kind, target, "recommend", price.why, params)
     why = f"{decision.why}; {price.why}" if price.why else decision.why
     return Step(kind, target, decision.mode, why, params)
+
+
+def peer_nodes(inc: Incident, job_nodes: Sequence[str]) -> tuple[str, ...]:
+    """The job's other nodes whose root-side events a decision reads (``Facts.peer_evidence``): only a
+    link's fabric counters are judged against peers, and a median of ``PEERS_READ`` of them is plenty."""
+    if inc.cause is not Cause.COMM_LINK:
+        return ()
+    return tuple(n for n in job_nodes if n != inc.node and n != inc.link)[:PEERS_READ]
+
+
+def fabric_evidence(inc: Incident, facts: Facts, max_age_s: float) -> tuple[Evidence, ...]:
+    """A link incident's node's fabric readings that convict its link, each with the peers' value, as
+    the incident shows them (from its latest root-side event at most ``max_age_s`` old)."""
+    ev = facts.node_evidence
+    if inc.cause is not Cause.COMM_LINK or ev is None or policy.evidence_age(ev[0], ev[1], facts.now) > max_age_s:
+        return ()
+    return tuple(Evidence(signal=f.signal, value=f.value, peers=f.peers,
+                          note=f"root-side node check on {inc.link or inc.node}: {f.where} {f.note}")
+                 for f in fabric.findings(ev[1], fresh_peers(facts, max_age_s)))
+
+
+def fresh_peers(facts: Facts, max_age_s: float) -> tuple[dict[str, Any], ...]:
+    """The job's other nodes' root-side events at most ``max_age_s`` old (EvidenceMaxAge)."""
+    return tuple(body for received, body in facts.peer_evidence
+                 if policy.evidence_age(received, body, facts.now) <= max_age_s)
 
 
 def corroboration_due(inc: Incident, config: Config, pol: PartitionPolicy, facts: Facts,
@@ -369,7 +401,7 @@ def corroboration_due(inc: Incident, config: Config, pol: PartitionPolicy, facts
         return None  # the check has looked since the incident opened: its word stands
     d = config.daemon
     seen, _ = policy.corroborated(inc, ev[1] if ev else None, age, d.evidence_max_age, d.hard_action_evidence,
-                                  config.analysis.min_slowdown, facts.gpu)
+                                  config.analysis.min_slowdown, facts.gpu, fresh_peers(facts, d.evidence_max_age))
     if seen:
         return None
     return (f"{kind} {target_of(inc, kind) or ''} needs root-side corroboration, and the node check on {inc.node} "
@@ -397,6 +429,8 @@ def plan(inc: Incident, plan_step: int, config: Config, facts: Facts, step: str 
     ``EscalateLoss`` waits instead (``page_held``), its ladder where it was.
     """
     decided = _plan(inc, plan_step, config, facts, step)
+    if decided.wait is None:
+        decided = replace(decided, evidence=fabric_evidence(inc, facts, config.daemon.evidence_max_age))
     if decided.escalate is None:
         return decided
     held = page_held(inc, config, facts)

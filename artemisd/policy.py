@@ -27,8 +27,9 @@ Hard actions (drain, requeue) need corroboration a job owner cannot fake
 (``corroborated``): telemetry from a node event sent with root or SlurmUser
 credentials showing the fault on a GPU under load (an idle GPU's low clocks
 prove nothing), at most EvidenceMaxAge old, or — with ``HardActionEvidence=root_or_probe`` — the matched probe
-agreeing.  A link also needs two matched probes that agree on it: root-side
-retransmits are counted by the senders, so they never say whose link it is.  Probe results travel in the job's own reports, so trusting them
+agreeing.  A link also needs two matched probes that agree on it and, with ``root``, the node's
+fabric readings on the receiving side (``fabric.py``): TCP retransmits are counted by the senders,
+so they never say whose link it is.  Probe results travel in the job's own reports, so trusting them
 means trusting the job's owner; the default is ``root``.
 
 Drain budgets (``budget_use``, ``drain_budget``) count what Slurm shows
@@ -39,9 +40,11 @@ in the last hour (MaxDrainsPerHour).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from artemisd import fabric
 from artemisd.config import PartitionPolicy
 from artemisd.control import actions
 from artemisd.incident import Cause, Incident
@@ -194,11 +197,12 @@ def _idle(gpu: dict[str, Any]) -> str | None:
 
 
 def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None,
-                 under_load: bool = True) -> tuple[str | None, str | None]:
+                 under_load: bool = True, peers: Sequence[dict[str, Any]] = ()) -> tuple[str | None, str | None]:
     """(what the root-side event shows for ``cause``, why a reading was set aside).
 
     ``under_load``: only readings of a busy GPU count (corroboration before an
-    action).  Without it (is a drained, now idle node still faulty?) a throttle
+    action).  ``peers``: the job's other nodes' latest root-side events, which a
+    link's fabric counters are read against (``fabric.findings``).  Without it (is a drained, now idle node still faulty?) a throttle
     reason or a lowered power limit counts whatever the load, but a low clock
     still only under load: an idle GPU's clock is low by design.
     """
@@ -231,19 +235,25 @@ def _root_agrees(cause: Cause, event: dict[str, Any], gpu: int | None,
             if why is None and clock is not None and top and clock < CLOCK_DROP * top:
                 return f"gpu {idx} SM clock {clock} MHz of {top} MHz{load}", None
     if cause is Cause.COMM_LINK:
-        # Retransmits need traffic: an idle host shows none, so no load gate is needed.
+        seen = fabric.shown(event, peers)
+        if seen is not None:
+            return f"fabric: {seen}", None
+        # Retransmits rise on every sender to a slow link (and on a loaded host): never a finding alone.
         retrans = (event.get("host") or {}).get("net_retransmits_per_s")
         if retrans is not None and retrans >= RETRANSMITS_PER_S:
-            return f"{retrans:.0f} retransmits/s", None
+            return None, (f"{retrans:.0f} TCP retransmits/s, but retransmits are counted by the senders to a slow "
+                          f"link, and no receive-side fabric counter, port or PCIe link shows this node's")
     return None, idle
 
 
-def root_side_shows(cause: Cause, event: dict[str, Any], gpu: int | None = None) -> str | None:
+def root_side_shows(cause: Cause, event: dict[str, Any], gpu: int | None = None,
+                    peers: Sequence[dict[str, Any]] = ()) -> str | None:
     """What a root-side node event still shows of ``cause``, whatever the load (None: nothing).
 
-    Asked of a node Artemis drained (so idle now) before undoing the drain.
+    Asked of a node Artemis drained (so idle now) before undoing the drain: an idle link counts
+    no errors, but a port down or trained slow, or a PCIe link below its width, still shows.
     """
-    return _root_agrees(cause, event, gpu, under_load=False)[0]
+    return _root_agrees(cause, event, gpu, under_load=False, peers=peers)[0]
 
 
 def _probe_agrees(incident: Incident, slowdown: float) -> str | None:
@@ -273,14 +283,16 @@ def _probes_agree_on_link(incident: Incident, slowdown: float) -> tuple[int, str
 
 
 def _link_corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
-                       max_age_s: float, mode: str, slowdown: float) -> tuple[bool, str]:
+                       max_age_s: float, mode: str, slowdown: float,
+                       peers: Sequence[dict[str, Any]] = ()) -> tuple[bool, str]:
     """A hard action on a link: evidence that points at this one link, from more than one measurement.
 
-    Retransmits are counted by the senders to a slow link, so root-side counters
-    alone cannot say whose link it is: the matched probes' ring timings name
-    the link, two of them must agree, and with ``HardActionEvidence=root`` the
-    node's root-side counters must also show its network in trouble (the
-    probes run in the job, which its owner controls).
+    Retransmits are counted by the senders to a slow link, so they never say
+    whose link it is: the matched probes' ring timings name the link, two of
+    them must agree, and with ``HardActionEvidence=root`` the node's root-side
+    fabric readings must also convict its link, read on the receiving side and
+    against its peers (``fabric.findings``; the probes run in the job, which its
+    owner controls).
     """
     node = incident.link or incident.node
     agreeing, other = _probes_agree_on_link(incident, slowdown)
@@ -294,9 +306,10 @@ def _link_corroborated(incident: Incident, node_event: dict[str, Any] | None, ag
         return False, f"no root-side node event from {node}"
     if age_s is not None and age_s > max_age_s:
         return False, f"root-side evidence from {node} is {age_s:.0f} s old (EvidenceMaxAge={max_age_s:.0f})"
-    seen = _root_agrees(Cause.COMM_LINK, node_event, None)[0]
+    seen, why_not = _root_agrees(Cause.COMM_LINK, node_event, None, peers=peers)
     if seen is None:
-        return False, f"root-side node check on {node} does not show its network in trouble"
+        return False, (f"root-side node check on {node} does not show its link in trouble"
+                       + (f": {why_not}" if why_not else ""))
     return True, f"{agreeing} matched probes agree on {node}'s link; root-side node check on {node}: {seen}"
 
 
@@ -308,16 +321,18 @@ def evidence_age(received: float, event: dict[str, Any], now: float) -> float:
 
 
 def corroborated(incident: Incident, node_event: dict[str, Any] | None, age_s: float | None,
-                 max_age_s: float, mode: str, slowdown: float, gpu: int | None = None) -> tuple[bool, str]:
+                 max_age_s: float, mode: str, slowdown: float, gpu: int | None = None,
+                 peers: Sequence[dict[str, Any]] = ()) -> tuple[bool, str]:
     """Is the incident's cause confirmed by evidence its job's owner cannot forge?
 
     Root-side evidence counts only when it is at most ``max_age_s`` old
     (EvidenceMaxAge) and shows the incident's own fault class on a GPU under
     load (``_idle``): an idle GPU's low clocks are what every idle GPU reports.
-    A link needs more (``_link_corroborated``).
+    A link needs more (``_link_corroborated``), read against ``peers``: the job's other nodes'
+    latest root-side events.
     """
     if incident.cause is Cause.COMM_LINK:
-        return _link_corroborated(incident, node_event, age_s, max_age_s, mode, slowdown)
+        return _link_corroborated(incident, node_event, age_s, max_age_s, mode, slowdown, peers)
     if incident.cause in (Cause.GPU_THERMAL, Cause.GPU_POWER, Cause.GPU_CLOCKS):
         idle = None
         if node_event is not None and age_s is not None and age_s <= max_age_s:

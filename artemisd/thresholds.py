@@ -29,3 +29,13 @@ HOT_DELTA_C = 10.0
 # A rank whose cgroup CPU quota ran out in this many percentage points more of its periods than its peers'
 # (``cpu_throttled_pct``) is held back by the quota.
 THROTTLED_DELTA_PCT = 10.0
+# Receive-side fabric errors per second (symbol errors, CRC errors, link recoveries, received
+# packets in error) that a healthy link does not show: a clean link reads 0 for hours; a marginal
+# cable or transceiver counts thousands an hour.  A link that went down or lost its carrier in the
+# interval counts at any rate.
+FABRIC_ERRORS_PER_S = 0.5
+# ...and, where the job's other nodes report the same counter, this many times theirs (a fabric-wide
+# storm is no evidence against one node).
+FABRIC_ERROR_FACTOR = 10.0
+# A port trained below this share of its peers' rate (or a PCIe link below its own maximum) runs slow.
+RATE_DROP = 0.75

@@ -196,6 +196,9 @@ def on_plan(inc: Incident, plan: decide.Plan, rows: Sequence[Row], held: bool) -
     out = Change(_copy(inc), list(plan.notes), decide=False,
                  plan_step=plan.plan_step)
     new = out.incident
+    if plan.evidence:  # the latest root-side readings stand for the earlier ones
+        shown = {e.signal for e in plan.evidence}
+        new.evidence = [*(e for e in new.evidence if e.signal not in shown), *plan.evidence]
     step = plan.action
     if plan.dry_run:
         if step is not None:

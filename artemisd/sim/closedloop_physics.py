@@ -241,8 +241,14 @@ class Physics:
                     g.update(sm_clock_mhz=slowed, throttle=[])
             gpus.append(g)
         link = any(f.cause == "comm.link" for f in faults)
-        retransmits = 20.0 if link and loaded else 0.0  # retransmits need traffic
+        # A degraded link (a marginal cable or transceiver) counts symbol errors where its bits arrive,
+        # and its senders retransmit; both need traffic, so an idle node shows neither.
+        retransmits = 20.0 if link and loaded else 0.0
+        symbol_errors = 20.0 if link and loaded else 0.0
         body = {"type": "node", "v": 1, "event": "health", "node": self.sim.names[node], "time": taken,
-                "gpus": gpus, "host": {"net_retransmits_per_s": retransmits}}
+                "gpus": gpus, "host": {"net_retransmits_per_s": retransmits},
+                "fabric": {"interval_s": 60.0, "ports": [{"name": "mlx5_0/1", "kind": "ib", "state": "ACTIVE",
+                                                          "rate_gbps": 200.0,
+                                                          "per_s": {"symbol_error": symbol_errors}}]}}
         self._checks[(node, taken)] = (taken, body)
         return taken, body

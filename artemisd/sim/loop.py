@@ -434,6 +434,8 @@ class Loop:
         return decide.Facts(
             now=now, partition=partition, nodes=nodes, drains=self.drain_records(), last_action=last,
             rebalance_opt_in=t.rebalance_opt_in, node_evidence=self._evidence_of(t, inc.node),
+            peer_evidence=tuple(ev for n in decide.peer_nodes(inc, job.nodes if job is not None else ())
+                                if (ev := self._node_evidence.get(n)) is not None),
             gpu=t.gpu, opened_at=t.opened_at, measured_loss_pct=t.measured_loss_pct, gpus=t.gpus,
             time_left_s=time_left)
 

@@ -271,3 +271,39 @@ def test_a_planned_rung_is_a_contract_action_with_its_reason():
     assert drain.as_json() == {"kind": "drain", "target": "n2", "status": "refused", "reversible": True,
                                "reason": drain.why}
     assert escalate.as_action().status == "proposed"
+
+
+def _fabric(symbol_errors: float, time: float = NOW - 10) -> dict:
+    return {"time": time, "host": {"net_retransmits_per_s": 60.0},
+            "fabric": {"interval_s": 60.0, "ports": [{"name": "mlx5_0/1", "kind": "ib", "state": "ACTIVE",
+                                                      "rate_gbps": 200.0, "per_s": {"symbol_error": symbol_errors}}]}}
+
+
+def test_a_link_is_drained_on_its_receive_side_counters_and_the_incident_shows_them_beside_the_peers():
+    probes = [Evidence(signal="probe.p2p_ms", value=v, peers=5.0,
+                       note=f"ring transfers touching n2 are {v / 5:.1f}x slower than the others: its link")
+              for v in (30.0, 28.0)]
+    link = incident(Cause.COMM_LINK, kind=IncidentKind.LINK, evidence=probes).model_copy(update={"link": "n2"})
+    conf = config("PartitionPolicy=gpu Auto=drain,escalate Cooldown=0")
+    peers = tuple((NOW - 5, _fabric(0.0)) for _ in range(3))
+    drained = decide.plan(link, 0, conf, facts(node_evidence=(NOW - 5, _fabric(9.0)), peer_evidence=peers))
+    assert (drained.action.kind, drained.action.mode) == ("drain", "auto")
+    [shown] = drained.evidence
+    assert (shown.signal, shown.value, shown.peers) == ("fabric.symbol_error", 9.0, 0.0)
+    assert "mlx5_0/1" in shown.note and "n2" in shown.note
+    from artemisd.control import reconcile
+    saved = reconcile.on_plan(link, drained, [], False).incident
+    assert [e.signal for e in saved.evidence] == ["probe.p2p_ms", "probe.p2p_ms", "fabric.symbol_error"]
+    unresolved = saved.model_copy(update={"state": S.UNRESOLVED})
+    again = decide.plan(unresolved, 0, conf, facts(node_evidence=(NOW - 5, _fabric(11.0)), peer_evidence=peers))
+    latest = reconcile.on_plan(unresolved, again, [], False).incident
+    assert [e.value for e in latest.evidence if e.signal == "fabric.symbol_error"] == [11.0]  # the latest stands
+    # The same node sending 60 retransmits/s with a clean receive side: its link is not shown at fault.
+    held = decide.plan(link, 0, conf, facts(node_evidence=(NOW - 5, _fabric(0.0)), peer_evidence=peers))
+    assert held.action is None or held.action.kind != "drain"
+    assert any("retransmits are counted by the senders" in s.why for s in held.walked if s.kind == "drain")
+    assert held.evidence == ()
+    # A fabric-wide storm (every peer counts as many errors) convicts no one.
+    storm = tuple((NOW - 5, _fabric(8.0)) for _ in range(3))
+    stormy = decide.plan(link, 0, conf, facts(node_evidence=(NOW - 5, _fabric(9.0)), peer_evidence=storm))
+    assert stormy.action is None or stormy.action.kind != "drain"

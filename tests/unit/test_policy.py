@@ -172,13 +172,22 @@ def _p2p(node, value=30.0):
 def test_link_needs_two_agreeing_probes_and_root_side_trouble_and_software_causes_are_never_drained():
     one = Incident(id="INC-2", job="7", kind=IncidentKind.LINK, node="n3", link="n3", cause=Cause.COMM_LINK,
                    evidence=[_p2p("n3")])
-    trouble = {"host": {"net_retransmits_per_s": 80.0}}
-    # Retransmits alone (they are counted by the senders) or one probe: not enough.
+    trouble = {"fabric": {"interval_s": 60.0, "ports": [
+        {"name": "mlx5_0/1", "kind": "ib", "state": "ACTIVE", "rate_gbps": 200.0, "per_s": {"symbol_error": 4.0}}]}}
+    # One probe: not enough.
     ok, why = policy.corroborated(one, trouble, 1.0, 900.0, "root", 0.04)
     assert not ok and "two matched probes" in why
     two = one.model_copy(update={"evidence": [_p2p("n3"), _p2p("n3", 28.0)]})
-    assert policy.corroborated(two, trouble, 1.0, 900.0, "root", 0.04)[0]
+    ok, why = policy.corroborated(two, trouble, 1.0, 900.0, "root", 0.04)
+    assert ok and "mlx5_0/1 symbol_error 4/s" in why
+    # Retransmits alone are counted by every sender to a slow link: never the node's link at fault.
+    retransmits = {"host": {"net_retransmits_per_s": 80.0}}
+    ok, why = policy.corroborated(two, retransmits, 1.0, 900.0, "root", 0.04)
+    assert not ok and "80 TCP retransmits/s" in why and "senders" in why
     assert not policy.corroborated(two, {"host": {"net_retransmits_per_s": 0.0}}, 1.0, 900.0, "root", 0.04)[0]
+    # Errors the peers count as much (a fabric-wide storm) are no evidence against this node's link.
+    storm = [{"fabric": {"ports": [{"name": "mlx5_0/1", "kind": "ib", "state": "ACTIVE", "per_s": {"symbol_error": 3.5}}]}}]
+    assert not policy.corroborated(two, trouble, 1.0, 900.0, "root", 0.04, peers=storm * 3)[0]
     assert policy.corroborated(two, None, None, 900.0, "root_or_probe", 0.04)[0]
     split = one.model_copy(update={"evidence": [_p2p("n3"), _p2p("n3"), _p2p("n1")]})
     ok, why = policy.corroborated(split, trouble, 1.0, 900.0, "root_or_probe", 0.04)
