@@ -17,7 +17,8 @@ Rules the models enforce, because tools outside this repository rely on them:
   its peers.  When a report omits ``busy`` but has ``step`` and ``comm_wait``,
   it is derived; when it has neither ``busy`` nor ``comm_wait`` the report is
   rejected, because a rank's own work cannot be told from its waiting.
-* Unknown fields are ignored.  A missing optional field means "not measured",
+* Unknown fields are ignored (but for a counter in ``fabric.ports[].per_s``,
+  ``FabricCounters``: refused, as a misspelling).  A missing optional field means "not measured",
   never zero: it stays ``None``.
 * ``gpu.throttle`` uses one vocabulary for every vendor (``THROTTLE_REASONS``);
   ``[]`` means "measured, none active".
@@ -322,6 +323,65 @@ class NodeProbe(_Model):
     membw_gbs: tuple[NonNegative, ...] = Field(default=(), max_length=MAX_ITEMS)
 
 
+# Extension of v1: the node check's fabric evidence (prolog_epilog/fabric.py), read from sysfs.
+MAX_FABRIC_ITEMS = 64  # ports, and PCIe links, in one block (the node check keeps to it)
+FabricState = Annotated[str, Field(min_length=1, max_length=32)]
+
+
+class FabricCounters(_Model):
+    """A port's counters per second since the node check's previous pass.
+
+    Receive side and link training (what may convict this node's link): ``symbol_error``,
+    ``link_error_recovery``, ``link_downed``, ``port_rcv_errors`` (InfiniBand/RoCE),
+    ``rx_crc_errors``, ``rx_errors``, ``carrier_changes`` (Ethernet).  Shown only: the transmit
+    side's ``port_xmit_discards``, ``port_xmit_wait``, ``tx_errors`` (they rise on every sender
+    to a slow link) and ``rx_dropped`` (the host had no room).  Unlike the rest of the contract
+    an unknown counter is refused, not ignored: a misspelt name would otherwise read as "not
+    measured"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    symbol_error: NonNegative | None = None
+    link_error_recovery: NonNegative | None = None
+    link_downed: NonNegative | None = None
+    port_rcv_errors: NonNegative | None = None
+    port_xmit_discards: NonNegative | None = None
+    port_xmit_wait: NonNegative | None = None
+    carrier_changes: NonNegative | None = None
+    rx_crc_errors: NonNegative | None = None
+    rx_errors: NonNegative | None = None
+    tx_errors: NonNegative | None = None
+    rx_dropped: NonNegative | None = None
+
+
+class FabricPort(_Model):
+    """An InfiniBand/RoCE port (``mlx5_0/1``) or an Ethernet interface (``eth0``)."""
+
+    name: Id
+    kind: Literal["ib", "eth"]
+    state: FabricState | None = None  # ACTIVE, DOWN, ... (ib); up, down, unknown, ... (eth operstate)
+    phys_state: FabricState | None = None  # LinkUp, Polling, Disabled, ... (ib only)
+    rate_gbps: NonNegative | None = None  # as trained; an Ethernet interface's speed / 1000
+    per_s: FabricCounters | None = None
+
+
+class PcieLink(_Model):
+    """The PCIe link of a GPU or network controller as trained, against its maximum."""
+
+    device: Id  # the PCI address, 0000:3b:00.0
+    role: Literal["gpu", "nic"]
+    width: int | None = Field(default=None, ge=0, le=64)
+    max_width: int | None = Field(default=None, ge=0, le=64)
+    speed_gts: NonNegative | None = None
+    max_speed_gts: NonNegative | None = None
+
+
+class NodeFabric(_Model):
+    interval_s: NonNegative | None = None  # seconds the per_s counters cover (absent: no rates)
+    ports: tuple[FabricPort, ...] | None = Field(default=None, max_length=MAX_FABRIC_ITEMS)
+    pcie: tuple[PcieLink, ...] | None = Field(default=None, max_length=MAX_FABRIC_ITEMS)
+
+
 class NodeEvent(_Model):
     type: Literal["node"]
     v: Literal[1]
@@ -333,6 +393,7 @@ class NodeEvent(_Model):
     gpus: tuple[NodeGpu, ...] | None = Field(default=None, max_length=MAX_ITEMS)
     probe: NodeProbe | None = None
     host: HostTelemetry | None = None
+    fabric: NodeFabric | None = None  # extension of v1: health events of the node check
 
     @model_validator(mode="before")
     @classmethod

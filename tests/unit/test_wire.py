@@ -37,7 +37,7 @@ def with_(base, **changes):
         target = out
         *path, last = dotted.split("__")
         for part in path:
-            target = target[part]
+            target = target[int(part)] if isinstance(target, list) else target[part]
         if value is KeyError:
             del target[last]
         else:
@@ -115,3 +115,65 @@ def test_trace_reader_reports_file_line_and_keeps_the_rest(tmp_path):
 def test_dump_round_trips():
     report = parse_record(DESIGN_EXAMPLE)
     assert parse_line(dump_record(report)) == report
+
+
+FABRIC_EXAMPLE = {
+    "interval_s": 60.0,
+    "ports": [{"name": "mlx5_0/1", "kind": "ib", "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 100.0,
+               "per_s": {"symbol_error": 12.5, "link_error_recovery": 0.0, "link_downed": 0.0,
+                         "port_rcv_errors": 6.25, "port_xmit_discards": 0.0, "port_xmit_wait": 310.0}},
+              {"name": "eth0", "kind": "eth", "state": "up", "rate_gbps": 100.0,
+               "per_s": {"carrier_changes": 0.0, "rx_crc_errors": 0.0, "rx_errors": 0.0, "tx_errors": 0.0,
+                         "rx_dropped": 0.0}},
+              {"name": "veth3", "kind": "eth", "state": "down"}],
+    "pcie": [{"device": "0000:3b:00.0", "role": "gpu", "width": 8, "max_width": 16, "speed_gts": 16.0,
+              "max_speed_gts": 16.0},
+             {"device": "0000:5e:00.0", "role": "nic", "width": 16, "max_width": 16, "max_speed_gts": 32.0}],
+}
+HEALTH_EXAMPLE = {**{k: v for k, v in NODE_EXAMPLE.items() if k not in ("job", "probe")},
+                  "event": "health", "fabric": FABRIC_EXAMPLE}
+
+
+def test_a_fabric_block_round_trips_with_the_rest_of_the_health_event():
+    event = parse_record(HEALTH_EXAMPLE)
+    assert event.fabric.interval_s == 60.0 and event.fabric.ports[0].per_s.symbol_error == 12.5
+    assert event.fabric.ports[2].per_s is None and event.fabric.pcie[1].speed_gts is None
+    assert event.gpus[0].max_sm_clock_mhz == 1980 and event.fingerprint.kernel == "6.1.0"
+    assert parse_line(dump_record(event)) == event
+    assert json.loads(dump_record(event))["fabric"] == FABRIC_EXAMPLE
+    assert parse_record(with_(HEALTH_EXAMPLE, fabric=KeyError)).fabric is None  # not measured
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"fabric__ports__0__rate_gbps": -100.0}, "fabric.ports.0.rate_gbps", "greater than or equal"),
+        ({"fabric__ports__1__kind": "fc"}, "fabric.ports.1.kind", "Input should be 'ib' or 'eth'"),
+        ({"fabric__ports": [FABRIC_EXAMPLE["ports"][1]] * 65}, "fabric.ports", "at most 64"),
+        ({"fabric__pcie": [FABRIC_EXAMPLE["pcie"][0]] * 65}, "fabric.pcie", "at most 64"),
+        ({"fabric__ports__0__per_s__symbol_errors": 1.0}, "fabric.ports.0.per_s.symbol_errors", "Extra inputs"),
+        ({"fabric__ports__0__per_s__port_rcv_errors": float("nan")}, "fabric.ports.0.per_s.port_rcv_errors",
+         "finite"),
+        ({"fabric__ports__0__name": ""}, "fabric.ports.0.name", "at least 1"),
+        ({"fabric__ports__0__state": "x" * 33}, "fabric.ports.0.state", "at most 32"),
+        ({"fabric__pcie__0__role": "disk"}, "fabric.pcie.0.role", "Input should be 'gpu' or 'nic'"),
+        ({"fabric__pcie__0__width": 65}, "fabric.pcie.0.width", "less than or equal to 64"),
+        ({"fabric__pcie__1__max_speed_gts": -1}, "fabric.pcie.1.max_speed_gts", "greater than or equal"),
+        ({"fabric__interval_s": -60.0}, "fabric.interval_s", "greater than or equal"),
+    ],
+)
+def test_a_bad_fabric_block_is_refused_naming_the_field(changes, field, reason):
+    with pytest.raises(ReportError) as err:
+        parse_record(with_(HEALTH_EXAMPLE, **changes), where="t.jsonl:3")
+    assert any(path == field and reason in why for path, why in err.value.problems), err.value.problems
+
+
+def test_a_bad_fabric_block_costs_its_own_line_only(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    bad = with_(HEALTH_EXAMPLE, fabric__ports__0__kind="fc")
+    trace.write_text("\n".join(json.dumps(r) for r in (HEALTH_EXAMPLE, bad, NODE_EXAMPLE, DESIGN_EXAMPLE)) + "\n")
+    reader = TraceReader(trace)
+    records = list(reader)
+    assert [type(r).__name__ for r in records] == ["NodeEvent", "NodeEvent", "WindowReport"]
+    assert records[0].fabric is not None and records[1].fabric is None
+    assert [e.where for e in reader.errors] == [f"{trace}:2"] and "fabric.ports.0.kind" in str(reader.errors[0])
