@@ -4,7 +4,9 @@
    each outcome (``POST /v1/nodes/{node}/corrections/{id}``).
 2. Send a ``health`` node event: fingerprint, GPU and host snapshot — taken
    after the corrections, so the daemon sees their effect.  This is the
-   root-side evidence the daemon wants before a hard action.
+   root-side evidence the daemon wants before a hard action.  It carries the
+   node's fabric evidence too (``fabric.py``: link state, rate and error
+   counters per second since the previous pass, PCIe training, from sysfs).
 3. When the fingerprint differs from the last pass (driver, comm library,
    kernel or firmware changed), run the matched node probe and send it as a
    ``probe`` node event, so a change regression is measured, not guessed.
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import corrections
+import fabric
 from artemis_node import (DaemonError, NodeConfig, arm_hard_timeout, guarded, load_config, log,
                           node_event, open_gpus, request, send_records)
 
@@ -92,8 +95,28 @@ def node_probe(budget_s: float) -> dict[str, Any] | None:
     return json.loads(done.stdout)
 
 
-def check(cfg: NodeConfig, node: str, dry_run: bool = False) -> list[dict[str, Any]]:
-    """One pass; returns the node events (sent unless ``dry_run``)."""
+def fabric_block(cfg: NodeConfig, node: str, root: Path = Path("/"),
+                 remember: bool = True) -> dict[str, Any] | None:
+    """The health event's ``fabric`` block: this pass's readings, rated against the last pass's
+    (kept in ``StateDir``; a dry run reads it and keeps nothing)."""
+    now = time.time()
+    taken = fabric.snapshot(root)
+    kept = fabric.previous(cfg.state_dir, node)
+    if remember:
+        try:
+            fabric.remember(cfg.state_dir, node, taken, now)
+        except OSError as err:  # the next pass has no rates; this one's readings still count
+            log(PROGRAM, f"fabric readings not kept in {cfg.state_dir}: {err}")
+    if kept is None:
+        return fabric.block(None, taken, None)
+    return fabric.block(kept[1], taken, now - kept[0])
+
+
+def check(cfg: NodeConfig, node: str, dry_run: bool = False,
+          sysfs_root: Path = Path("/")) -> list[dict[str, Any]]:
+    """One pass; returns the node events (sent unless ``dry_run``).
+
+    ``sysfs_root``: where ``sys/`` is read for the fabric evidence (a fake tree in tests)."""
     started = time.monotonic()
     if not dry_run and cfg.http_base:
         try:
@@ -106,6 +129,13 @@ def check(cfg: NodeConfig, node: str, dry_run: bool = False) -> list[dict[str, A
     finally:
         if backend is not None:
             backend.close()
+    try:
+        links = fabric_block(cfg, node, sysfs_root, remember=not dry_run)
+    except Exception as err:  # noqa: BLE001 -- fabric evidence is never worth a failed check
+        log(PROGRAM, f"fabric evidence skipped: {type(err).__name__}: {err}")
+        links = None
+    if links:
+        health["fabric"] = links
     records = [health]
     if cfg.node_probe and fingerprint_changed(cfg, node, health["fingerprint"],
                                                 remember=not dry_run):
