@@ -335,11 +335,9 @@ class FabricCounters(_Model):
     ``link_error_recovery``, ``link_downed``, ``port_rcv_errors`` (InfiniBand/RoCE),
     ``rx_crc_errors``, ``rx_errors``, ``carrier_changes`` (Ethernet).  Shown only: the transmit
     side's ``port_xmit_discards``, ``port_xmit_wait``, ``tx_errors`` (they rise on every sender
-    to a slow link) and ``rx_dropped`` (the host had no room).  Unlike the rest of the contract
-    an unknown counter is refused, not ignored: a misspelt name would otherwise read as "not
-    measured"."""
-
-    model_config = ConfigDict(extra="forbid")
+    to a slow link) and ``rx_dropped`` (the host had no room).  An unknown counter is ignored, as
+    any unknown field: a node check newer than the daemon must not cost the node its whole health
+    event (its GPU evidence too)."""
 
     symbol_error: NonNegative | None = None
     link_error_recovery: NonNegative | None = None

@@ -151,7 +151,6 @@ def test_a_fabric_block_round_trips_with_the_rest_of_the_health_event():
         ({"fabric__ports__1__kind": "fc"}, "fabric.ports.1.kind", "Input should be 'ib' or 'eth'"),
         ({"fabric__ports": [FABRIC_EXAMPLE["ports"][1]] * 65}, "fabric.ports", "at most 64"),
         ({"fabric__pcie": [FABRIC_EXAMPLE["pcie"][0]] * 65}, "fabric.pcie", "at most 64"),
-        ({"fabric__ports__0__per_s__symbol_errors": 1.0}, "fabric.ports.0.per_s.symbol_errors", "Extra inputs"),
         ({"fabric__ports__0__per_s__port_rcv_errors": float("nan")}, "fabric.ports.0.per_s.port_rcv_errors",
          "finite"),
         ({"fabric__ports__0__name": ""}, "fabric.ports.0.name", "at least 1"),
@@ -166,6 +165,12 @@ def test_a_bad_fabric_block_is_refused_naming_the_field(changes, field, reason):
     with pytest.raises(ReportError) as err:
         parse_record(with_(HEALTH_EXAMPLE, **changes), where="t.jsonl:3")
     assert any(path == field and reason in why for path, why in err.value.problems), err.value.problems
+
+
+def test_a_counter_the_daemon_does_not_know_is_ignored_like_any_unknown_field():
+    # A node check newer than the daemon keeps its health event, GPU evidence and all.
+    event = parse_record(with_(HEALTH_EXAMPLE, fabric__ports__0__per_s__lane_errors=3.0))
+    assert event.fabric.ports[0].per_s.symbol_error == 12.5 and event.gpus is not None
 
 
 def test_a_bad_fabric_block_costs_its_own_line_only(tmp_path):
