@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from artemisd.wire import parse_record
+
 from .procs import wait_until
 from .recorder import RecordingDaemon
 from .slurm import REPO, SlurmCluster
@@ -102,3 +104,12 @@ def test_node_check_reports_health_from_every_node(slurm_cluster: SlurmCluster) 
         wait_until(lambda: {r["node"] for r in daemon.recorder.reports() if r["event"] == "health"}
                    == set(slurm_cluster.node_names),
                    "a health event from every node", timeout_s=8 * slurm_cluster.health_interval_s + 30)
+        # From its second pass on, a node's check reports its interfaces' counters per second since the
+        # previous pass (the test cluster's veths or loopback-only namespaces: whatever it has), and the
+        # daemon's wire contract takes the whole event.
+        wait_until(lambda: any((r.get("fabric") or {}).get("interval_s") for r in daemon.recorder.reports()
+                               if r["event"] == "health"),
+                   "a health event with fabric rates", timeout_s=8 * slurm_cluster.health_interval_s + 30)
+        for record in daemon.recorder.reports():
+            if record["event"] == "health":
+                parse_record(record)
