@@ -68,11 +68,11 @@ def findings(event: dict[str, Any] | None, peers: Sequence[dict[str, Any]] = ())
         state = port.get("state")
         if state is not None and state not in UP_STATES:
             up = sum(1 for p in same if p.get("state") in UP_STATES)
-            # A port nobody's job uses is down on every node alike: only one down where the peers' is up counts.
-            if not same or up * 2 >= len(same):
-                out.append(Finding("fabric.state", name, state, f"{up} of {len(same)} up" if same else None,
-                                   f"port {state}"))
-                continue
+            # A port nobody uses (a spare NIC port, an ifb device) is down on every node alike: only one
+            # down where most of the peers' same port is up counts, and without peers nothing tells them apart.
+            if same and up * 2 > len(same):
+                out.append(Finding("fabric.state", name, state, f"{up} of {len(same)} up", f"port {state}"))
+            continue
         rate = _number(port.get("rate_gbps"))
         peer_rates = [r for p in same if (r := _number(p.get("rate_gbps"))) is not None and r > 0]
         usual = _median(peer_rates)

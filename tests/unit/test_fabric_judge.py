@@ -59,9 +59,13 @@ def test_a_link_that_went_down_in_the_interval_counts_at_any_rate_unless_every_p
 
 def test_a_port_down_where_its_peers_is_up_and_one_trained_slow():
     assert signals(fabric.findings(event(ib(state="DOWN")), healthy_peers())) == [("fabric.state", "mlx5_0/1")]
-    # A port that is down on every node is one no job uses.
+    # A port that is down on every node is one no job uses; without peers a spare port and a failed one
+    # look alike (the test cluster's nodes each have a down ifb0).
     unused = [event(ib(state="DOWN")) for _ in range(4)]
     assert fabric.findings(event(ib(state="DOWN")), unused) == []
+    assert fabric.findings(event(ib(state="DOWN"))) == []
+    spare = {"name": "ifb0", "kind": "eth", "state": "down", "per_s": {"rx_errors": 0.0}}
+    assert fabric.findings(event(ib(), spare), [event(ib(), spare)] * 3) == []
     [slow] = fabric.findings(event(ib(rate=100.0)), healthy_peers())
     assert (slow.signal, slow.value, slow.peers) == ("fabric.rate_gbps", 100.0, 200.0)
     # A rate alone says nothing without peers to compare with.
