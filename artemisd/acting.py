@@ -71,14 +71,10 @@ class Acting:
         self._add_directive = add_directive
         self._bound = bound
         self._probe_due = probe_due
-        self.performer = Performer(config, store, ledger, Actuator(slurm), metrics, clock, add_directive,
+        self.performer = Performer(lambda: self.config, store, ledger, Actuator(slurm), metrics, clock, add_directive,
                                    self.after_action)
         self._held: set[str] = set()  # incidents whose "not escalated yet" was audited
         self._not_back: set[str] = set()  # incidents whose "subject healthy, throughput not back" was audited
-
-    def reload(self, config: Config) -> None:
-        self.config = config
-        self.performer.config = config
 
     async def turn(self, now: float) -> None:
         """A leader's turn of the acting half: decide, run what is due, verify, close what recovered."""

@@ -29,9 +29,9 @@ AfterAction = Callable[[ActionRow, Outcome, float], Awaitable[None]]
 
 
 class Performer:
-    def __init__(self, config: Config, store: StateStore, ledger: Ledger, actuator: Actuator, metrics: Metrics,
-                 clock: Callable[[], float], add_directive: AddDirective, after_action: AfterAction):
-        self.config = config
+    def __init__(self, config: Callable[[], Config], store: StateStore, ledger: Ledger, actuator: Actuator,
+                 metrics: Metrics, clock: Callable[[], float], add_directive: AddDirective, after_action: AfterAction):
+        self._config = config  # read at each use: a SIGHUP reload replaces the acting half's
         self.store = store
         self.ledger = ledger
         self.actuator = actuator
@@ -51,7 +51,7 @@ class Performer:
             self.ledger.update_action(row.id, "failed", "incident vanished")
             return
         now = self.clock()
-        if row.kind not in actions.TELL and not self.config.daemon.enabled:
+        if row.kind not in actions.TELL and not self._config().daemon.enabled:
             self.ledger.update_action(row.id, "skipped", "Enabled=no: the kill switch is on")
             self._audit(row.incident, "daemon", f"{row.kind} {row.target} skipped", "kill switch", action=row.id)
             await self._after_action(row, Outcome("skipped", "kill switch"), now)
@@ -70,7 +70,8 @@ class Performer:
             if permanent:
                 outcome = Outcome("failed", str(err))
             else:
-                delay = min(self.config.daemon.retry_backoff * 2 ** row.attempts, self.config.daemon.retry_backoff_max)
+                daemon = self._config().daemon
+                delay = min(daemon.retry_backoff * 2 ** row.attempts, daemon.retry_backoff_max)
                 self.ledger.update_action(row.id, "running", str(err), next_try=now + delay)
                 self._audit(row.incident, "daemon", f"{row.kind} {row.target} will be retried",
                             f"attempt {row.attempts + 1}", f"{err}; next try in {delay:.0f} s", action=row.id)
@@ -110,7 +111,7 @@ class Performer:
         p = dict(row.params)
         details = []
         if not p.get("comment_done"):
-            if self.config.daemon.enabled:
+            if self._config().daemon.enabled:
                 out = await asyncio.to_thread(self.actuator.comment, p["job"], row.incident, p["comment"])
                 details.append(f"AdminComment: {out.detail}")
             else:
@@ -118,7 +119,7 @@ class Performer:
             p["comment_done"] = True
             self.ledger.set_action_params(row.id, p)
         if not p.get("mail_done"):
-            sent = await asyncio.to_thread(mail.send, self.config.mail, p["subject"], p["text"],
+            sent = await asyncio.to_thread(mail.send, self._config().mail, p["subject"], p["text"],
                                            f"artemis.{row.incident}.{row.id}")
             details.append("mail sent" if sent else "no mail relay/recipients configured")
             p["mail_done"] = True

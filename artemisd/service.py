@@ -115,7 +115,7 @@ class Daemon:
     def reload(self, config: Config) -> None:
         """SIGHUP: new policy, mail, limits.  Listen/StateDir/analysis need a restart."""
         self.config = config
-        self.acting.reload(config)
+        self.acting.config = config
         log.info("config reloaded", policies=len(config.policies), dry_run=config.daemon.dry_run,
                  enabled=config.daemon.enabled)
 
