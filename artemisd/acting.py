@@ -227,9 +227,10 @@ class Acting:
         was seen in, for ``reconcile.slowed_result`` to freeze; None once the result holds them."""
         if inc.result is not None and inc.result.throughput_before is not None:
             return None
-        series = self.analyzer.throughput(inc.job, stored.step or "0")
+        step = stored.step or "0"
         window = action_window if action_window is not None else stored.action_window
-        return stored.baseline, loss.during(series, inc.onset_window, window)
+        seconds = verify.seconds_by_window(self.analyzer.window_shapes(inc.job, step))
+        return stored.baseline, loss.during(self.analyzer.throughput(inc.job, step), inc.onset_window, window, seconds)
 
     def apply(self, stored: StoredIncident, change: reconcile.Change, now: float) -> None:
         """Carry a ``reconcile.Change`` out through the ledger (``LedgerSink``)."""

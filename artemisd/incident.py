@@ -17,8 +17,8 @@ peers in the windows that confirmed it:
 * ``measured_loss_pct``  (additive) 100 * (1 - slowed / healthy): the share
                  of the job's samples/s actually lost, from the job's own
                  throughput (``loss.measured_loss``): healthy = median of the
-                 last windows before the onset, slowed = median from the onset
-                 to confirmation.  When it and ``loss_pct`` disagree by more
+                 last windows before the onset, slowed = the samples over the
+                 seconds from the onset to confirmation (``loss.during``).  When it and ``loss_pct`` disagree by more
                  than ``loss.LOSS_TOLERANCE_PCT`` points, a ``samples_per_s``
                  evidence line says why.  Both are 0..100.
 * ``confidence`` 0..1, how strongly the evidence supports ``cause``; below
@@ -176,8 +176,9 @@ class Result(BaseModel):
 
     * ``throughput_healthy`` (additive): the job's healthy throughput, median of
       its last windows before the onset (``loss.baseline``);
-    * ``throughput_before``: the *slowed* throughput, median from the onset up
-      to the action (``loss.during``), frozen when the action completes;
+    * ``throughput_before``: the *slowed* throughput, the job's samples over its
+      seconds from the onset up to the action (``loss.during``: each window
+      weighs what it lasted), frozen when the action completes;
     * ``throughput_after``: median of ``VerifyWindows`` steady windows after the
       action (``verify.verify``).
 

@@ -2,13 +2,14 @@
 force (slowed), and the share lost, as every incident shows them and verification compares.  Pure.
 
 Throughput is the whole job's samples per second in one window (the sum of every rank's
-``samples`` over the window's wall time), the quantity the user pays for.  Medians, so a single
-checkpoint or evaluation window does not move the figure.
+``samples`` over the window's wall time), the quantity the user pays for.  The healthy figure is a
+median, so a single checkpoint or evaluation window does not move it; the slowed one weighs each
+window by its wall time (``during``), because a fault lengthens the very windows it is measured in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -42,15 +43,29 @@ def baseline(series: Sequence[tuple[int, float]], onset_window: int | None,
 
 
 def during(series: Sequence[tuple[int, float]], onset_window: int | None,
-           action_window: int | None) -> float | None:
-    """Median throughput while the slowdown was in force: from its onset to the action."""
+           action_window: int | None, seconds: Mapping[int, float | None] | None = None) -> float | None:
+    """The job's throughput while the slowdown was in force: from its onset to the action.
+
+    Where every window of that span has its wall time (``seconds``, by window seq), it is the span's
+    samples over its seconds — each window weighs what it lasted.  A fault that slows a step tenfold
+    makes its windows ten times as long as a healthy one: a median by count would let the short
+    healthy windows at the span's ends (the one the fault began in, those between the fault's end
+    and the action's "done") outvote the few long ones the job actually spent slowed, and report a
+    job that lost most of its samples/s as one that lost none.  Without the wall times, the median.
+    """
     upto = [(seq, value) for seq, value in _measured(series) if action_window is None or seq <= action_window]
-    values = [value for seq, value in upto if onset_window is not None and seq >= onset_window]
-    if not values:
+    span = [(seq, value) for seq, value in upto if onset_window is not None and seq >= onset_window]
+    if not span:
         # The windows between onset and action are no longer (or not yet) in the
         # series: the last windows before the action stand for them.
-        values = [value for _, value in upto[-3:]]
-    return float(np.median(values)) if values else None
+        span = upto[-3:]
+    if not span:
+        return None
+    lasted = [seconds.get(seq) for seq, _ in span] if seconds is not None else []
+    if lasted and all(t is not None and t > 0 for t in lasted):
+        total = sum(lasted)  # type: ignore[arg-type]
+        return float(sum(value * t for (_, value), t in zip(span, lasted)) / total)  # type: ignore[operator]
+    return float(np.median([value for _, value in span]))
 
 
 def over_life(series: Sequence[tuple[int, float]], onset_window: int | None) -> float | None:

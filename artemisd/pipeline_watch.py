@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from artemisd import group, loss
+from artemisd import group, loss, verify
 from artemisd.baseline import PAIR_MIN_WINDOWS
 from artemisd.config import AnalysisSettings
 from artemisd.confirm import ProbeJudgement, Verdict
@@ -297,7 +297,7 @@ class Watch:
         if kind == "job":
             incident.evidence.extend(_pair_too_young(state))
         healthy = loss.baseline(state.throughput, incident.onset_window)
-        slowed = loss.during(state.throughput, incident.onset_window, seq)
+        slowed = loss.during(state.throughput, incident.onset_window, seq, verify.seconds_by_window(state.shapes))
         incident.measured_loss_pct = loss.measured_loss(healthy, slowed)
         disagreement = loss.loss_evidence(incident.loss_pct, healthy, slowed)
         if disagreement is not None:

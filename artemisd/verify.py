@@ -217,6 +217,11 @@ class Verification:
                 "recovered_within_noise": self.within_noise}
 
 
+def seconds_by_window(shapes: Sequence[WindowShape]) -> dict[int, float | None]:
+    """Each window's wall time by seq: what ``loss.during`` weighs the slowed windows by."""
+    return {shape.seq: shape.seconds for shape in shapes}
+
+
 def span(windows: Sequence[float | WindowShape], need: int, min_seconds: float = 0.0) -> list | None:
     """The first windows that may judge: at least ``need`` of them and, where every window's wall
     time is known, at least ``min_seconds`` of it (None: not that many yet).

@@ -340,7 +340,7 @@ class Loop:
         v = verify.verdict(inc.kind.value, inc.cause.value, evidence, verify.Rules.of(self.config.daemon), now,
                            self.silence_s, done, still_shown)
         series = [(w.seq, w.throughput) for w in evidence.origin]
-        slowed = loss.during(series, inc.onset_window, evidence.action_window)
+        slowed = loss.during(series, inc.onset_window, evidence.action_window, verify.seconds_by_window(evidence.origin))
         self.apply(t, reconcile.on_verdict(inc, v, self._rows_of(incident_id), (evidence.baseline, slowed),
                                             self.config.daemon.dry_run), now)
         return v

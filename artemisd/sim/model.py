@@ -271,7 +271,7 @@ class JobModel:
 
     def _add_transients(self, seq: int, compute: np.ndarray) -> None:
         """GC pauses, short per-rank spikes and checkpoints: slow, but not faults."""
-        spec, rng, noise = self.spec, self.rng, self.spec.noise
+        rng, noise = self.rng, self.spec.noise
         world, steps = compute.shape
         n_gc = rng.poisson(noise.gc_rate * world * steps)
         if n_gc:

@@ -48,6 +48,21 @@ def test_during_is_the_throughput_while_the_slowdown_was_in_force():
     assert during([], onset_window=2, action_window=4) is None
 
 
+def test_during_weighs_each_slowed_window_by_what_it_lasted():
+    from artemisd.loss import during
+
+    # The demo's clock fault, as CI once saw it: the fault made three windows ten times as long
+    # (1/10 the samples/s), and the correction's "done" came five short healthy windows later.
+    series = [(9, 9500.0), (10, 950.0), (11, 950.0), (12, 950.0)] + [(s, 9700.0) for s in range(13, 18)]
+    seconds = {9: 0.4, 10: 4.0, 11: 4.0, 12: 4.0, **{s: 0.4 for s in range(13, 18)}}
+    assert during(series, onset_window=10, action_window=17) == 9700.0  # by count: as if nothing was lost
+    slowed = during(series, onset_window=10, action_window=17, seconds=seconds)
+    assert slowed == pytest.approx((3 * 950.0 * 4.0 + 5 * 9700.0 * 0.4) / 14.0)  # samples over seconds
+    assert slowed < 0.25 * 9500.0
+    # A window whose wall time is unknown: the median, as before.
+    assert during(series, onset_window=10, action_window=17, seconds={**seconds, 12: None}) == 9700.0
+
+
 def shape(seq, throughput, batch=192.0, world=3, steps=20.0, pace=8.0, collectives=None):
     from artemisd.verify import WindowShape
 
