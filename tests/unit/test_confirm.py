@@ -163,3 +163,17 @@ def test_a_preempted_rank_slows_its_pairs_but_names_no_link():
     # About a rank on n2, the preempted n1 is not evidence either way.
     judgement = judge_probe(preempted, {1}, three, 0.1)
     assert not any(e.signal == "probe.p2p_ms" for e in judgement.evidence), judgement
+
+
+def test_waits_every_pair_shares_do_not_explain_a_slow_link_away():
+    # Recorded by benchmarks/links.py (5 nodes on this 2-core box, n3's link degraded): the two
+    # pairs touching n3 are 3x slower and waited for a core about the share of their time that
+    # every pair waited (a transfer a slow link stretches wakes its ends more often).  Taking
+    # their whole wait off, as before, left nothing against the link.
+    five = {r: f"n{r + 1}" for r in range(5)}
+    pairs = [(1.4815, 1.61), (4.7869, 4.45), (4.6524, 4.78), (1.9303, 3.3), (1.3127, 1.02)]  # n1-n2 ... n5-n1
+    results = {r: ProbeResult(id="P", gemm_ms=10, served_wait_ms=0.0,
+                              p2p=(P2PTiming(peer=(r + 1) % 5, ms=ms, wait_ms=wait),))
+               for r, (ms, wait) in enumerate(pairs)}
+    judgement = judge_probe(results, set(), five, 0.04)
+    assert judgement.verdict is ProbeVerdict.LINK and judgement.node == "n3", judgement
