@@ -9,8 +9,10 @@
 One scenario (``artemisd.sim.closedloop``: jobs, checkpoints, faults at published rates, false
 alarms) is run under each mode: ``none``, ``person`` (detect-only, a person acts 30 min later),
 ``artemis`` (the shipped policy, the same person approving), ``artemis-auto`` (every rung
-automatic), and, as a what-if the accuracy benchmark cannot measure, ``artemis-auto`` with the live
-daemon's matched probes naming every degraded link.  Printed: GPU-hours lost (slowed steps,
+automatic), and ``artemis-auto+probes``: ``artemis-auto`` with the live daemon's matched probes asked
+about each job-wide slowdown, naming a degraded link's node (or a wrong one, or none) as often as
+``benchmarks/links.py`` measured on the test cluster (``closedloop_scenario.MEASURED_LINK_NAMING``;
+replay, which the other modes model, runs no probes).  Printed: GPU-hours lost (slowed steps,
 requeues, jobs killed at their limit) and recovered against ``none``, healthy nodes drained per
 1,000 jobs, budget refusals, onset -> fixed and onset -> verified minutes, verdicts that showed
 recovery, requeues and their cost, where the remaining loss is, and when the price made the loop

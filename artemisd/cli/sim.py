@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "defaults), artemis-auto (every rung automatic); default all, on the same fleet")
     fleet.add_argument("--policy", type=Path, help="artemis.conf for the artemis mode (default: shipped defaults)")
     fleet.add_argument("--link-probes", action="store_true",
-                       help="assume the live daemon's matched probes name every degraded link (not measured)")
+                       help="the live daemon's matched probes name degraded links, as often as "
+                            "benchmarks/links.py measured (right node, wrong node or none)")
     fleet.add_argument("--json", type=Path, help="also write every mode's numbers as JSON here")
     p.set_defaults(func=run)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from artemisd.incident import IncidentKind
 from artemisd.sim.closedloop_records import Encounter, Fault, Job, Run
-from artemisd.sim.closedloop_scenario import MEASURED_DETECTION, NODE_SCOPED, PROBES_TO_NAME_A_LINK_S
+from artemisd.sim.closedloop_scenario import MEASURED_DETECTION, NODE_SCOPED, PROBES_TO_NAME_A_LINK_S, link_naming
 
 if TYPE_CHECKING:
     from artemisd.sim.closedloop import FleetSim
@@ -43,9 +43,15 @@ class Analysis:
         rank = pos * self.p.gpus_per_node + f.gpu
         # Confirmed at the end of the window ``latency`` windows after the one it became visible in.
         due = onset + (latency + 1) * self.p.window_s if detected else None
-        if f.cause == "comm.link" and self.sim.link_probes:
+        # The probes' ring compares pairs of nodes: a link is named in a job of three nodes or more
+        # (``confirm.judge_probe``), on the right node or a wrong one as often as measured.
+        probes = rng.random() if f.cause == "comm.link" and self.sim.link_probes else None
+        right, wrong = link_naming(f.magnitude) if probes is not None else (0.0, 0.0)
+        if probes is not None and probes < right + wrong and len(job.run.nodes) >= 3:
             named, kind = "comm.link", IncidentKind.LINK
             due = due + PROBES_TO_NAME_A_LINK_S if due is not None else None
+            if probes >= right:
+                rank = rng.choice([i for i in range(len(job.run.nodes)) if i != pos]) * self.p.gpus_per_node
         elif f.cause == "comm.link" or (f.cause in NODE_SCOPED and len(job.run.nodes) == 1):
             # Every rank slower, none to compare with: a slowdown against the job's own history.
             kind = IncidentKind.JOB

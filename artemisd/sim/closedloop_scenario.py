@@ -54,11 +54,35 @@ MEASURED_DETECTION: dict[str, dict[str, Any]] = {
 FALSE_INCIDENTS_PER_WINDOW = 24 / (3 * 166)
 # They lasted as long as the neighbour's phases: a few windows.
 FALSE_INCIDENT_WINDOWS = (2, 8)
-# What-if only (``link_probes``): the live daemon asks matched probes about a job-wide slowdown and
-# names a link once two in a row agree (pipeline.py), ProbeMinInterval (300 s) apart.  Replay runs
-# no probes, so the accuracy benchmark cannot measure how often that works; the end-to-end test
-# (tests/cluster/test_e2e.py) shows it working once.
+# With ``link_probes``: the live daemon asks matched probes about a job-wide slowdown and names a
+# link once two in a row agree (pipeline.py), ProbeMinInterval (300 s) apart.  Replay runs no
+# probes; how often they name the right node is measured on the test cluster's links:
+# `benchmarks/links.py --trials 10` at 2026-12-08 (docs/benchmarks.md, "Degraded links named"), per
+# degradation (% of the link's rate): (right node, wrong node, none) of 20 trials, half of them
+# beside a busy host.
 PROBES_TO_NAME_A_LINK_S = 2 * 300.0
+MEASURED_LINK_NAMING: dict[float, tuple[int, int, int]] = {
+    5.0: (0, 0, 20), 10.0: (18, 0, 2), 20.0: (20, 0, 0), 40.0: (20, 0, 0)}
+
+
+def link_naming(step_rise: float) -> tuple[float, float]:
+    """P(the probes name the right node), P(a wrong one) for a link that slows a job's step by
+    ``step_rise`` (the fleet's magnitude).  Its transfers are slowed by at least as much, as by a link
+    at 1 / (1 + step_rise) of its rate, degraded by step_rise / (1 + step_rise): the measured rates
+    at that degradation, linear between the measured ones, the nearest one's beyond them."""
+    cut = 100.0 * step_rise / (1.0 + step_rise)
+    measured = sorted(MEASURED_LINK_NAMING)
+    lo = max((m for m in measured if m <= cut), default=measured[0])
+    hi = min((m for m in measured if m >= cut), default=measured[-1])
+
+    def rates(m: float) -> tuple[float, float]:
+        right, wrong, none = MEASURED_LINK_NAMING[m]
+        total = right + wrong + none
+        return right / total, wrong / total
+
+    (r_lo, w_lo), (r_hi, w_hi) = rates(lo), rates(hi)
+    t = 0.0 if hi == lo else (cut - lo) / (hi - lo)
+    return r_lo + t * (r_hi - r_lo), w_lo + t * (w_hi - w_lo)
 
 
 @dataclass(frozen=True)
