@@ -4,7 +4,7 @@ Issue 31's one number: when one node's link is degraded, how often do two matche
 on the *right* node, how often on a wrong one, and how often do they name none — and what the
 fabric counters say beside them.  Run as root (network namespaces, ``tc``):
 
-    .venv/bin/python benchmarks/links.py --quick              # 3 trials per case, a few minutes
+    .venv/bin/python benchmarks/links.py --quick              # 3 trials per case, ~70 s
     .venv/bin/python benchmarks/links.py --trials 10 --json links.json
 
 What runs, and what is real:
@@ -12,10 +12,11 @@ What runs, and what is real:
 * ``NODES`` network namespaces on a bridge attached to nothing (``tests.cluster.netlab``: the
   test range 10.77.0.0/24, no default route), one gloo rank in each;
 * every trial, the ranks run the probe's own matched micro-benchmark (``torch_hook.bench.run``,
-  the code a ``probe`` directive runs in a training job) twice, and the daemon's own judgement
-  (``confirm.judge_probe`` per probe, ``confirm.agree_on_link`` over the two, at the shipped
+  the code a ``probe`` directive runs in a training job) as often as the daemon asks for it about
+  a job-wide slowdown (``trial``: one to ``MAX_LINK_PROBES``), and the daemon's own judgement
+  (``confirm.judge_probe`` per probe, ``confirm.agree_on_link`` over them, at the shipped
   ``MinSlowdown``) names a node's link or none;
-* around the two probes each namespace's sysfs is read by the node check's own reader
+* around the probes each namespace's sysfs is read by the node check's own reader
   (``prolog_epilog.fabric``) and judged by the daemon's (``artemisd.fabric.findings``, each node
   against the others): "counters" names a node when exactly one shows a finding;
 * "both" is what ``HardActionEvidence=root`` acts on: the probes' node, corroborated by that
@@ -34,7 +35,7 @@ nothing (with and without the busy neighbour) and must name nothing.
 What it does not measure: detection and the probe's scheduling in front of the judgement (the
 cluster test ``test_e2e.py::test_degraded_link_is_localised_to_the_node`` runs the whole loop; at
 the shipped ``ProbeMinInterval`` the second probe waits up to that long).  ``median_s`` is the
-time the two probes took, the least a live naming can take.  A veth counts no symbol, CRC or
+time the probes took, the least a live naming can take.  A veth counts no symbol, CRC or
 receive error under ``tbf``, so on this testbed the counters can only say nothing: that column
 measures that they stay silent, and a real fabric's errors are tested on recorded sysfs trees
 (tests/unit/test_fabric_sysfs.py).
