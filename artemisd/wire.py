@@ -198,13 +198,13 @@ class EnvFingerprint(_Model):
 
 
 class P2PTiming(_Model):
-    """One point-to-point transfer of the probe's ring: this rank -> ``peer``."""
+    """One ring pair of the probe, this rank -> ``peer``: ``ms`` its fastest round trip (``bench``)."""
 
     peer: int = Field(ge=0, le=INT64_MAX)
     ms: NonNegative
     node: str | None = Field(default=None, max_length=MAX_ID)
-    # The sender's run-queue wait per round trip (every thread, /proc schedstat):
-    # time its host could not run it, which slows the transfer as a link would.
+    # The sender's run-queue wait during that round trip (every thread, /proc
+    # schedstat): time its host could not run it, which slows the transfer as a link would.
     wait_ms: NonNegative | None = None
 
 
@@ -221,8 +221,8 @@ class ProbeResult(_Model):
     gemm_tflops: NonNegative | None = None
     allreduce_ms: NonNegative | None = None
     p2p: tuple[P2PTiming, ...] = Field(default=(), max_length=MAX_ITEMS)
-    # This rank's run-queue wait per round trip while it answered the ring pair
-    # that ends at it (its left neighbour's ``p2p`` entry): the far end's share.
+    # This rank's least run-queue wait over the round trips it answered for the
+    # ring pair that ends at it (its left neighbour's ``p2p`` entry): the far end's share.
     served_wait_ms: NonNegative | None = None
     cost_ms: NonNegative | None = None
 
